@@ -1,0 +1,74 @@
+"""Attention over a paged KV cache, and the metadata every model forward receives.
+
+The model forward signature is ``forward(input_ids [T], positions [T], attn: AttentionMetadata)``
+with the tokens of all sequences in the batch flattened (varlen). The batching engine fills
+the metadata and binds each Attention layer's ``k_cache``/``v_cache``
+([num_blocks, block_size, num_kv_heads, head_dim]); with no cache bound (``slot_mapping`` None)
+each sequence attends causally over its own new tokens only, which is what ``logits()`` needs.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from ...kernels import runtime
+
+
+@dataclass
+class AttentionMetadata:
+    """Where each sequence's new tokens sit in the flat batch and where its KV lives.
+
+    :param query_start_loc: [num_seqs + 1] offsets of each sequence's new tokens in the batch
+    :param seq_lens: [num_seqs] tokens of context per sequence after this step (cached + new)
+    :param slot_mapping: [T] KV-cache slot (block * block_size + offset) for each new token, or None
+    :param block_tables: [num_seqs, max_blocks] KV block ids per sequence (-1 padded), or None
+    """
+
+    query_start_loc: torch.Tensor
+    seq_lens: torch.Tensor
+    slot_mapping: torch.Tensor | None = None
+    block_tables: torch.Tensor | None = None
+    max_query_len: int = 0
+    max_seq_len: int = 0
+
+    @classmethod
+    def for_prompts(cls, lengths: list[int], device: torch.device | str = "cpu") -> "AttentionMetadata":
+        """Uncached causal attention over whole sequences of these lengths (no KV cache)."""
+        starts = torch.tensor([0, *lengths], device=device).cumsum(0).to(torch.int32)
+        lens = torch.tensor(lengths, dtype=torch.int32, device=device)
+        return cls(starts, lens, max_query_len=max(lengths), max_seq_len=max(lengths))
+
+    @property
+    def num_seqs(self) -> int:
+        return self.seq_lens.shape[0]
+
+    @property
+    def is_decode(self) -> bool:
+        return self.max_query_len == 1
+
+
+class Attention(nn.Module):
+    """Stores new K/V into the cache (if bound) and runs the ``paged_attention`` op."""
+
+    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, *, scale: float,
+                 sliding_window: int | None = None, logit_softcap: float | None = None):
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
+        self.scale, self.sliding_window, self.logit_softcap = scale, sliding_window, logit_softcap
+        self.k_cache: torch.Tensor | None = None
+        self.v_cache: torch.Tensor | None = None
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn: AttentionMetadata) -> torch.Tensor:
+        tokens = q.shape[0]
+        q = q.view(tokens, self.num_heads, self.head_dim)
+        k = k.view(tokens, self.num_kv_heads, self.head_dim)
+        v = v.view(tokens, self.num_kv_heads, self.head_dim)
+        if attn.slot_mapping is not None and self.k_cache is not None:
+            runtime.call("store_kv", k, v, self.k_cache, self.v_cache, attn.slot_mapping)
+            out = runtime.call("paged_attention", q, self.k_cache, self.v_cache, attn, self.scale,
+                               self.sliding_window, self.logit_softcap)
+        else:
+            out = runtime.call("varlen_attention", q, k, v, attn, self.scale, self.sliding_window, self.logit_softcap)
+        return out.reshape(tokens, self.num_heads * self.head_dim)

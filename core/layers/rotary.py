@@ -1,0 +1,53 @@
+"""Rotary position embedding (rotate-half layout) with default, linear and llama3 frequency scaling.
+
+Frequencies are computed from the positions on every call (cheap next to attention), so no
+table sized by max_position_embeddings is ever allocated. Formats whose files store q/k rows
+in another rotary layout undo that in their name map; no model file branches on it.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from ...kernels import runtime
+
+
+def inverse_frequencies(rotary_dim: int, base: float, scaling: dict | None) -> torch.Tensor:
+    inv_freq = 1.0 / (base ** (torch.arange(0, rotary_dim, 2, dtype=torch.int64).float() / rotary_dim))
+    kind = (scaling or {}).get("rope_type", "default")
+    if kind == "default":
+        return inv_freq
+    if kind == "linear":
+        return inv_freq / float(scaling["factor"])
+    if kind == "llama3":
+        return _llama3(inv_freq, scaling)
+    raise ValueError(f"rope scaling type {kind!r} is not supported (supported: default, linear, llama3)")
+
+
+def _llama3(inv_freq: torch.Tensor, scaling: dict) -> torch.Tensor:
+    """Llama 3.1: long wavelengths slowed by ``factor``, short kept, a smooth ramp between."""
+    factor, low, high = float(scaling["factor"]), float(scaling["low_freq_factor"]), float(scaling["high_freq_factor"])
+    original = float(scaling["original_max_position_embeddings"])
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > original / low, inv_freq / factor, inv_freq)
+    smooth = (original / wavelen - low) / (high - low)
+    blended = (1 - smooth) * scaled / factor + smooth * scaled
+    is_medium = (wavelen >= original / high) & (wavelen <= original / low)
+    return torch.where(is_medium, blended, scaled)
+
+
+class RotaryEmbedding(nn.Module):
+    def __init__(self, head_dim: int, *, base: float, scaling: dict | None = None, rotary_dim: int | None = None):
+        super().__init__()
+        self.head_dim, self.rotary_dim = head_dim, rotary_dim or head_dim
+        self.register_buffer("inv_freq", inverse_frequencies(self.rotary_dim, base, scaling), persistent=False)
+
+    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """q: [tokens, heads * head_dim], k: [tokens, kv_heads * head_dim]; returns rotated copies."""
+        freqs = positions.float().unsqueeze(-1) * self.inv_freq.to(positions.device).unsqueeze(0)
+        angles = torch.cat((freqs, freqs), dim=-1)
+        cos, sin = angles.cos(), angles.sin()
+        return (runtime.call("rotary", q, cos, sin, self.head_dim, self.rotary_dim),
+                runtime.call("rotary", k, cos, sin, self.head_dim, self.rotary_dim))

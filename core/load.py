@@ -1,0 +1,164 @@
+"""The load pipeline. Nothing here knows a format, scheme or architecture by name.
+
+reference -> Source -> Loader.open -> Checkpoint -> ModelArch.config_from -> QuantScheme
+-> ModelArch.build -> stream tensors through the NameMap into self-sharding parameters
+-> QuantScheme.process_after_loading -> LoadedModel
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+from torch import nn
+
+from . import source as sources
+from .checkpoint import Checkpoint, Source
+from .config import LoadConfig, ModelConfig
+from .errors import CheckpointError, MissingTensorError, SourceError, UnexpectedTensorError
+from .names import MappedName, NameContext
+from .parallel import SINGLE, ParallelContext
+from .quant import DEFAULT_SCHEME, QuantScheme
+from .registry import Registry, default_registry
+from .report import LoadReport
+
+Progress = Callable[[int, int, str], None]  # (done, total, tensor name)
+
+
+def pick_loader(registry: Registry, source: Source, fmt: str | None):
+    """The named loader, or the one most confident it reads ``source``."""
+    if fmt is not None:
+        return registry.loader(fmt)
+    scored = [(loader.detect(source), name, loader) for name, loader in registry.loaders.items()]
+    scored = [entry for entry in scored if entry[0]]
+    if not scored:
+        raise SourceError(f"no loader recognises {source.path}; installed loaders: {', '.join(registry.loaders)}"
+                          " (pass --format to force one)")
+    return max(scored, key=lambda entry: entry[0])[2]
+
+
+def default_dtype(config: ModelConfig, device: torch.device) -> torch.dtype:
+    """fp32 on CPU (fast and exact there); the checkpoint's own 16-bit dtype on accelerators."""
+    if device.type == "cpu":
+        return torch.float32
+    return {"float16": torch.float16, "bfloat16": torch.bfloat16}.get(str(config.torch_dtype), torch.bfloat16)
+
+
+def choose_scheme(registry: Registry, checkpoint: Checkpoint, quant: str | None, dtype: torch.dtype) -> QuantScheme:
+    if checkpoint.quant_scheme is not None:
+        if quant is not None and quant.split(":")[0] != checkpoint.quant_scheme:
+            raise CheckpointError(f"checkpoint is already quantized as {checkpoint.quant_scheme!r}; "
+                                  f"--quant {quant} cannot be applied on top", file=str(checkpoint.files[0]))
+        factory = registry.quant_scheme(checkpoint.quant_scheme)
+        return factory.from_checkpoint(checkpoint.quant_metadata, params_dtype=dtype)
+    spec = quant or DEFAULT_SCHEME
+    return registry.quant_scheme(spec.split(":")[0]).from_spec(spec, params_dtype=dtype)
+
+
+def stream_weights(model: nn.Module, checkpoint: Checkpoint, name_map, context: NameContext, report: LoadReport,
+                   progress: Progress | None = None) -> None:
+    """Read each tensor once, map its name, and let the owning layer place its rank's shard."""
+    total = len(checkpoint.tensor_names())
+    for done, (name, file, tensor) in enumerate(checkpoint.read_tensors(), start=1):
+        report.bytes_read += int(getattr(tensor, "nbytes", 0))
+        mapped = name_map.map(name, context)
+        if mapped is None:
+            report.tensors_skipped += 1
+        else:
+            _place(model, mapped, tensor, context, file=file, tensor_name=name)
+            report.tensors_mapped += 1
+        if progress is not None:
+            progress(done, total, name)
+
+
+def _place(model: nn.Module, mapped: MappedName, tensor, context: NameContext, *, file: str, tensor_name: str) -> None:
+    if mapped.canonical not in context.parameter_names:
+        raise UnexpectedTensorError(f"no model parameter takes this tensor (mapped to {mapped.canonical!r})",
+                                    file=file, tensor=tensor_name)
+    module_name, _, param_name = mapped.canonical.rpartition(".")
+    module = model.get_submodule(module_name)
+    value = mapped.transform(tensor) if mapped.transform else tensor
+    try:
+        if hasattr(module, "load_weight"):
+            module.load_weight(param_name, value, mapped.shard_id)
+        else:
+            getattr(module, param_name).load_replicated(value)
+    except CheckpointError as exc:
+        raise type(exc)(str(exc), file=file, tensor=tensor_name) from exc
+
+
+def check_complete(model: nn.Module, checkpoint: Checkpoint) -> None:
+    for name, param in model.named_parameters():
+        missing = param.missing_shards() if hasattr(param, "missing_shards") else set()
+        if missing:
+            shards = "" if missing == {None} else f" (shards {sorted(missing)})"
+            raise MissingTensorError(f"model parameter {name!r}{shards} was not provided by the checkpoint",
+                                     file=str(checkpoint.files[0]), tensor=name)
+
+
+def finish(model: nn.Module) -> None:
+    for module in model.modules():
+        scheme = module.__dict__.get("scheme")
+        if scheme is not None:
+            scheme.process_after_loading(module)
+    model.eval()
+
+
+def load_checkpoint(checkpoint: Checkpoint, *, registry: Registry, load_config: LoadConfig, report: LoadReport,
+                    parallel: ParallelContext = SINGLE, progress: Progress | None = None):
+    """Build the model a checkpoint describes and fill it; returns (model, arch, config, scheme)."""
+    hf = checkpoint.hf_config
+    with report.phase("build"):
+        arch = registry.architecture(*(hf.get("architectures") or []), hf.get("model_type"))
+        config = arch.config_from(hf)
+        dtype = load_config.dtype or default_dtype(config, load_config.device)
+        scheme = choose_scheme(registry, checkpoint, load_config.quant, dtype)
+        with torch.device(load_config.device):
+            model = arch.build(config, scheme, parallel)
+    report.architecture, report.scheme = arch.name, scheme.name
+    context = NameContext(arch, config, frozenset(name for name, _ in model.named_parameters()))
+    with report.phase("load_weights"):
+        stream_weights(model, checkpoint, registry.name_map(checkpoint.format, arch.name), context, report, progress)
+    with report.phase("finish"):
+        check_complete(model, checkpoint)
+        finish(model)
+    report.num_parameters = sum(_logical_numel(p) for p in model.parameters())
+    report.parameter_bytes = sum(p.nbytes for p in model.parameters()) + sum(b.nbytes for b in model.buffers())
+    return model, arch, config, scheme
+
+
+def _logical_numel(param) -> int:
+    return int(getattr(param, "logical_numel", param.numel()))
+
+
+def open_checkpoint(reference, *, registry: Registry, load_config: LoadConfig, report: LoadReport) -> Checkpoint:
+    with report.phase("resolve"):
+        source = sources.resolve(reference)
+        loader = pick_loader(registry, source, load_config.format)
+    with report.phase("open"):
+        checkpoint = loader.open(source, load_config)
+    report.format, report.files = checkpoint.format, [str(f) for f in checkpoint.files]
+    return checkpoint
+
+
+def load_local(reference, load_config: LoadConfig, *, parallel: ParallelContext = SINGLE,
+               progress: Progress | None = None, registry: Registry | None = None):
+    """Load on this process (one rank). Returns (model, arch, config, scheme, tokenizer, report)."""
+    registry = registry or default_registry()
+    report = LoadReport()
+    checkpoint = open_checkpoint(reference, registry=registry, load_config=load_config, report=report)
+    try:
+        model, arch, config, scheme = load_checkpoint(checkpoint, registry=registry, load_config=load_config,
+                                                      report=report, parallel=parallel, progress=progress)
+        with report.phase("tokenizer"):
+            tokenizer = _tokenizer(checkpoint, load_config)
+    finally:
+        checkpoint.close()
+    return model, arch, config, scheme, tokenizer, report
+
+
+def _tokenizer(checkpoint: Checkpoint, load_config: LoadConfig):
+    if load_config.tokenizer:
+        from transformers import AutoTokenizer  # noqa: PLC0415 - only when overridden
+
+        return AutoTokenizer.from_pretrained(load_config.tokenizer)
+    return checkpoint.tokenizer()

@@ -1,0 +1,74 @@
+"""Checkpoint-name -> model-parameter mapping (the NameMap contract) and its shared pieces.
+
+A format's name map turns a checkpoint tensor name into the model's canonical parameter,
+a shard id for fused parameters (``qkv_proj`` packs q, k, v as shards 0, 1, 2) and an
+optional value transform. It is data plus a little code; nothing builds a dummy model.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Protocol
+
+from .arch import ModelArch
+from .config import ModelConfig
+
+
+@dataclass(frozen=True)
+class MappedName:
+    canonical: str
+    shard_id: int | None = None
+    transform: Callable[[Any], Any] | None = None
+
+
+@dataclass(frozen=True)
+class NameContext:
+    """What a name map may consult: the architecture, its config and the model's parameter names."""
+
+    arch: ModelArch
+    config: ModelConfig
+    parameter_names: frozenset[str]
+
+
+class NameMap(Protocol):
+    format: str
+    architecture: str  # an architecture name, or "*" for any
+
+    def map(self, name: str, context: NameContext) -> MappedName | None:
+        """The target of checkpoint tensor ``name``; None if the model deliberately does not use it."""
+
+
+def split_packed(name: str, packed_modules: Mapping[str, tuple[str, ...]]) -> tuple[str, int | None]:
+    """``...self_attn.k_proj.weight`` -> (``...self_attn.qkv_proj.weight``, 1) for packed modules."""
+    parts = name.split(".")
+    for i in range(len(parts) - 1, -1, -1):
+        for packed, members in packed_modules.items():
+            if parts[i] in members:
+                return ".".join(parts[:i] + [packed] + parts[i + 1:]), members.index(parts[i])
+    return name, None
+
+
+# Tensors some checkpoints carry that no model parameter takes, by design.
+IGNORED_SUFFIXES = ("rotary_emb.inv_freq", ".masked_bias", ".attn.bias")
+
+
+def map_hf_name(name: str, context: NameContext, transform: Callable | None = None) -> MappedName | None:
+    """Map a Hugging Face-style name onto the model (packing, tied heads, ignorable buffers)."""
+    if name.endswith(IGNORED_SUFFIXES):
+        return None
+    canonical, shard_id = split_packed(name, context.arch.packed_modules)
+    if canonical == "lm_head.weight" and context.config.tie_word_embeddings \
+            and canonical not in context.parameter_names:
+        return None  # a tied head saved anyway: the embedding already provides it
+    return MappedName(canonical, shard_id, transform)
+
+
+@dataclass(frozen=True)
+class HFNameMap:
+    """Hugging Face names are our canonical names: only packing applies. Any format that keeps
+    HF names (safetensors, .bin, sharded HF checkpoints) registers one of these."""
+
+    format: str
+    architecture: str = "*"
+
+    def map(self, name: str, context: NameContext) -> MappedName | None:
+        return map_hf_name(name, context)

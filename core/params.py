@@ -1,0 +1,142 @@
+"""Parameters that carry their own sharding (the weight_loader_v2 idea).
+
+A layer knows *which* slice of a checkpoint tensor belongs to its tensor-parallel rank and
+where it goes (a Placement, in logical elements); the parameter knows *how* its storage
+represents elements. Plain tensors copy a narrowed view; packed storages (quantized
+bytes, 4-bit pairs) subclass and translate element offsets into their own units, refusing
+with ShardingError a split their blocks cannot express.
+
+Every parameter answers the same calls, so no layer branches on the scheme:
+``load_replicated``, ``load_column_parallel``, ``load_row_parallel``,
+``load_merged_column`` and ``load_qkv``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+from torch import nn
+
+from .errors import ShapeMismatchError, ShardingError
+
+Axis = Literal["output", "input"]
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Take ``size`` elements from ``source_start`` along ``axis`` of the checkpoint tensor and put
+    them at ``dest_offset`` along the same axis of this rank's parameter."""
+
+    axis: Axis
+    source_start: int
+    size: int
+    dest_offset: int = 0
+    shard_id: int | None = None
+
+
+class ModelParameter(nn.Parameter):
+    """A plain (unpacked) tensor parameter with sharding metadata.
+
+    :param output_dim: tensor dim that is split by column parallelism (None if never split)
+    :param input_dim: tensor dim split by row parallelism (None if never split)
+    :param shard_ids: shard ids the checkpoint must provide (``(None,)`` for a whole tensor)
+    """
+
+    def __new__(cls, data: torch.Tensor, *, output_dim: int | None = None, input_dim: int | None = None,
+                shard_ids: tuple[int | None, ...] = (None,)):
+        param = super().__new__(cls, data, requires_grad=False)
+        param.output_dim, param.input_dim = output_dim, input_dim
+        param.shard_ids = tuple(shard_ids)
+        param.loaded_shards = set()
+        return param
+
+    def __deepcopy__(self, memo):  # nn.Parameter's version drops our attributes
+        copied = type(self)(self.data.clone(), output_dim=self.output_dim, input_dim=self.input_dim,
+                            shard_ids=self.shard_ids)
+        copied.loaded_shards = set(self.loaded_shards)
+        return copied
+
+    def __reduce_ex__(self, protocol):
+        return (_rebuild, (type(self), self.data, self.output_dim, self.input_dim, self.shard_ids))
+
+    # ---- the four loads every parameter answers -------------------------------------------
+    def load_replicated(self, loaded: Any) -> None:
+        self._store_whole(loaded)
+        self.loaded_shards.add(None)
+
+    def load_column_parallel(self, loaded: Any, *, tp_rank: int, tp_size: int) -> None:
+        size = self._local_size("output")
+        self._load_placed(loaded, Placement("output", tp_rank * size, size))
+
+    def load_row_parallel(self, loaded: Any, *, tp_rank: int, tp_size: int) -> None:
+        size = self._local_size("input")
+        self._load_placed(loaded, Placement("input", tp_rank * size, size))
+
+    def load_merged_column(self, loaded: Any, *, shard_id: int, shard_offset: int, shard_size: int,
+                           tp_rank: int) -> None:
+        self._load_placed(loaded, Placement("output", tp_rank * shard_size, shard_size, shard_offset, shard_id))
+
+    def load_qkv(self, loaded: Any, *, shard_id: int, shard_offset: int, shard_size: int, source_rank: int) -> None:
+        """``source_rank`` differs from the tp rank when KV heads are replicated (tp > num_kv_heads)."""
+        self._load_placed(loaded, Placement("output", source_rank * shard_size, shard_size, shard_offset, shard_id))
+
+    def load_rows(self, loaded: Any, *, source_start: int, size: int) -> None:
+        """Rows ``[source_start, source_start + size)`` into the first rows (vocab-parallel tables)."""
+        self._load_placed(loaded, Placement("output", source_start, size))
+
+    def missing_shards(self) -> set:
+        return set(self.shard_ids) - self.loaded_shards
+
+    # ---- storage hooks; packed subclasses override these ----------------------------------
+    def _dim(self, axis: Axis) -> int | None:
+        return self.output_dim if axis == "output" else self.input_dim
+
+    def _local_size(self, axis: Axis) -> int:
+        dim = self._dim(axis)
+        return 0 if dim is None else self.data.shape[dim]
+
+    def _load_placed(self, loaded: Any, placement: Placement) -> None:
+        dim = self._dim(placement.axis)
+        if dim is None:  # not split on this axis (e.g. a row-parallel layer's bias)
+            self._store_whole(loaded)
+        else:
+            source = _as_tensor(loaded)
+            if placement.source_start + placement.size > source.shape[dim]:
+                raise ShapeMismatchError(
+                    f"needs {placement.axis} elements [{placement.source_start}, {placement.source_start + placement.size})"
+                    f" but the checkpoint tensor has shape {tuple(source.shape)}")
+            chunk = source.narrow(dim, placement.source_start, placement.size)
+            target = self.data.narrow(dim, placement.dest_offset, placement.size)
+            _check_shape(target, chunk, f"{placement.axis} shard {placement.shard_id}")
+            target.copy_(chunk)
+        self.loaded_shards.add(placement.shard_id)
+
+    def _store_whole(self, loaded: Any) -> None:
+        source = _as_tensor(loaded)
+        _check_shape(self.data, source, "whole tensor")
+        self.data.copy_(source)
+
+
+def _rebuild(cls, data, output_dim, input_dim, shard_ids):
+    return cls(data, output_dim=output_dim, input_dim=input_dim, shard_ids=shard_ids)
+
+
+def _as_tensor(loaded: Any) -> torch.Tensor:
+    if not isinstance(loaded, torch.Tensor):
+        raise ShapeMismatchError(f"a plain parameter got {type(loaded).__name__}, not a tensor "
+                                 "(is the checkpoint quantized with a scheme that was not selected?)")
+    return loaded
+
+
+def _check_shape(target: torch.Tensor, source: torch.Tensor, what: str) -> None:
+    if tuple(target.shape) != tuple(source.shape):
+        raise ShapeMismatchError(f"shape mismatch for {what}: model expects {tuple(target.shape)}, "
+                                 f"checkpoint has {tuple(source.shape)}")
+
+
+def require_divisible(value: int, by: int, what: str) -> int:
+    """value // by, or a ShardingError saying which dimension cannot be split."""
+    if value % by:
+        raise ShardingError(f"{what} = {value} does not split evenly over {by} tensor-parallel ranks")
+    return value // by

@@ -1,0 +1,47 @@
+"""The load report: per-phase timings, bytes read, throughput, tensors mapped, notes."""
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+
+@dataclass
+class LoadReport:
+    format: str = ""
+    architecture: str = ""
+    scheme: str = ""
+    files: list[str] = field(default_factory=list)
+    phases: dict[str, float] = field(default_factory=dict)
+    bytes_read: int = 0
+    tensors_mapped: int = 0
+    tensors_skipped: int = 0
+    num_parameters: int = 0
+    parameter_bytes: int = 0
+    notes: list[str] = field(default_factory=list)
+
+    @contextmanager
+    def phase(self, name: str):
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.phases[name] = self.phases.get(name, 0.0) + time.perf_counter() - start
+
+    @property
+    def total_seconds(self) -> float:
+        return sum(self.phases.values())
+
+    @property
+    def gb_per_second(self) -> float:
+        seconds = self.phases.get("load_weights", 0.0)
+        return self.bytes_read / seconds / 1e9 if seconds > 0 else 0.0
+
+    def summary_lines(self) -> list[str]:
+        phases = ", ".join(f"{name} {seconds:.2f}s" for name, seconds in self.phases.items())
+        lines = [f"architecture  {self.architecture}", f"format        {self.format}", f"scheme        {self.scheme}",
+                 f"parameters    {self.num_parameters / 1e6:.1f}M ({self.parameter_bytes / 2**20:.1f} MiB on device)",
+                 f"read          {self.bytes_read / 2**20:.1f} MiB in {self.tensors_mapped} tensors "
+                 f"({self.tensors_skipped} unused) at {self.gb_per_second:.2f} GB/s",
+                 f"time          {self.total_seconds:.2f}s ({phases})"]
+        return lines + [f"note          {note}" for note in self.notes]

@@ -1,0 +1,1 @@
+"""toolkit.kernels: the op registry (runtime.py), torch reference ops and Triton kernels."""

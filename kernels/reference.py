@@ -1,0 +1,92 @@
+"""Pure-torch reference ops: the oracle for every faster kernel, and what runs on CPU.
+
+Registered for ``device="any"`` through the ``register_kernels`` hook like any plugin.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..core.hookspecs import hookimpl
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, weight_offset: float = 0.0) -> torch.Tensor:
+    """``x / rms(x) * (weight_offset + weight)``, normalised in float32 like transformers."""
+    dtype = x.dtype
+    normed = x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + eps)
+    if weight_offset:
+        return (normed * (weight_offset + weight.float())).to(dtype)
+    return weight * normed.to(dtype)
+
+
+def rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, head_dim: int, rotary_dim: int) -> torch.Tensor:
+    """Rotate-half RoPE on the first ``rotary_dim`` features of every head. x: [T, heads * head_dim]."""
+    tokens = x.shape[0]
+    heads = x.view(tokens, -1, head_dim)
+    rot, passthrough = heads[..., :rotary_dim], heads[..., rotary_dim:]
+    half = rotary_dim // 2
+    rotated_half = torch.cat((-rot[..., half:], rot[..., :half]), dim=-1)
+    cos, sin = cos.unsqueeze(1).to(x.dtype), sin.unsqueeze(1).to(x.dtype)
+    out = torch.cat((rot * cos + rotated_half * sin, passthrough), dim=-1)
+    return out.reshape(tokens, -1)
+
+
+def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+             slot_mapping: torch.Tensor) -> None:
+    """Write each new token's K/V at its slot; slots < 0 are padding and skipped."""
+    keep = slot_mapping >= 0
+    slots = slot_mapping[keep].long()
+    k_cache.view(-1, *k_cache.shape[2:])[slots] = k[keep].to(k_cache.dtype)
+    v_cache.view(-1, *v_cache.shape[2:])[slots] = v[keep].to(v_cache.dtype)
+
+
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor,
+           scale: float, sliding_window: int | None, softcap: float | None) -> torch.Tensor:
+    """Causal (optionally windowed, soft-capped) attention for one sequence.
+
+    q: [Lq, H, D], k/v: [Lk, KVH, D]; a query at position p sees keys at positions in
+    (p - sliding_window, p]. Softmax in float32.
+    """
+    groups = q.shape[1] // k.shape[1]
+    k = k.repeat_interleave(groups, dim=1).float()
+    v = v.repeat_interleave(groups, dim=1).float()
+    scores = torch.einsum("qhd,khd->hqk", q.float(), k) * scale
+    if softcap:
+        scores = torch.tanh(scores / softcap) * softcap
+    visible = k_pos.unsqueeze(0) <= q_pos.unsqueeze(1)
+    if sliding_window:
+        visible &= k_pos.unsqueeze(0) > q_pos.unsqueeze(1) - sliding_window
+    scores = scores.masked_fill(~visible, float("-inf"))
+    return torch.einsum("hqk,khd->qhd", scores.softmax(-1), v).to(q.dtype)
+
+
+def varlen_attention(q, k, v, attn, scale: float, sliding_window=None, softcap=None) -> torch.Tensor:
+    """Each sequence attends over its own new tokens only (no KV cache)."""
+    out = torch.empty_like(q)
+    starts = attn.query_start_loc.tolist()
+    for begin, end in zip(starts[:-1], starts[1:]):
+        pos = torch.arange(end - begin, device=q.device)
+        out[begin:end] = attend(q[begin:end], k[begin:end], v[begin:end], pos, pos, scale, sliding_window, softcap)
+    return out
+
+
+def paged_attention(q, k_cache, v_cache, attn, scale: float, sliding_window=None, softcap=None) -> torch.Tensor:
+    """New tokens of each sequence attend over that sequence's whole cached context."""
+    out = torch.empty_like(q)
+    block_size = k_cache.shape[1]
+    starts, seq_lens = attn.query_start_loc.tolist(), attn.seq_lens.tolist()
+    for i, (begin, end) in enumerate(zip(starts[:-1], starts[1:])):
+        context = seq_lens[i]
+        blocks = attn.block_tables[i, : (context + block_size - 1) // block_size].long()
+        k = k_cache[blocks].reshape(-1, *k_cache.shape[2:])[:context]
+        v = v_cache[blocks].reshape(-1, *v_cache.shape[2:])[:context]
+        k_pos = torch.arange(context, device=q.device)
+        q_pos = k_pos[context - (end - begin):]
+        out[begin:end] = attend(q[begin:end], k, v, q_pos, k_pos, scale, sliding_window, softcap)
+    return out
+
+
+@hookimpl
+def register_kernels(register):
+    for name, fn in (("rms_norm", rms_norm), ("rotary", rotary), ("store_kv", store_kv),
+                     ("varlen_attention", varlen_attention), ("paged_attention", paged_attention)):
+        register(name, fn, device="any")

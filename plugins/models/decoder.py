@@ -1,0 +1,141 @@
+"""Building blocks shared by Llama-family decoders: attention, gated MLP, layer stack, causal LM.
+
+Parameter names follow Hugging Face (``model.layers.N.self_attn.qkv_proj``...) with q/k/v and
+gate/up fused; ``PACKED_MODULES`` tells name maps how the fused ones are assembled.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from toolkit.core.config import ModelConfig
+from toolkit.core.layers import (Attention, AttentionMetadata, MergedColumnParallelLinear, ParallelLMHead,
+                                 QKVParallelLinear, RMSNorm, RotaryEmbedding, RowParallelLinear, VocabParallelEmbedding)
+from toolkit.core.parallel import ParallelContext
+from toolkit.core.quant import QuantScheme
+
+PACKED_MODULES = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
+
+ACTIVATIONS = {"silu": F.silu, "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
+               "gelu": F.gelu}
+
+
+@dataclass(frozen=True)
+class AttentionOptions:
+    """Per-layer attention choices an architecture makes (never per format)."""
+
+    qkv_bias: bool = False
+    qk_norm: bool = False
+    norm_offset: float = 0.0
+    rope_theta: float = 10000.0
+    rope_scaling: dict | None = None
+    sliding_window: int | None = None
+    scale: float | None = None
+    logit_softcap: float | None = None
+
+
+class DecoderAttention(nn.Module):
+    def __init__(self, config: ModelConfig, options: AttentionOptions, *, quant: QuantScheme,
+                 parallel: ParallelContext, prefix: str):
+        super().__init__()
+        hd = config.head_dim
+        self.qkv_proj = QKVParallelLinear(config.hidden_size, hd, config.num_heads, config.num_kv_heads, quant=quant,
+                                          parallel=parallel, prefix=f"{prefix}.qkv_proj", bias=options.qkv_bias)
+        self.o_proj = RowParallelLinear(config.num_heads * hd, config.hidden_size, quant=quant, parallel=parallel,
+                                        prefix=f"{prefix}.o_proj", bias=False)
+        if options.qk_norm:
+            dtype = quant.params_dtype
+            self.q_norm = RMSNorm(hd, config.rms_norm_eps, weight_offset=options.norm_offset, dtype=dtype)
+            self.k_norm = RMSNorm(hd, config.rms_norm_eps, weight_offset=options.norm_offset, dtype=dtype)
+        self.qk_norm = options.qk_norm
+        self.rotary = RotaryEmbedding(hd, base=options.rope_theta, scaling=options.rope_scaling)
+        self.attn = Attention(self.qkv_proj.num_heads, self.qkv_proj.num_kv_heads, hd,
+                              scale=options.scale or hd ** -0.5, sliding_window=options.sliding_window,
+                              logit_softcap=options.logit_softcap)
+
+    def forward(self, positions: torch.Tensor, hidden: torch.Tensor, attn: AttentionMetadata) -> torch.Tensor:
+        q, k, v = self.qkv_proj.split(self.qkv_proj(hidden))
+        if self.qk_norm:
+            tokens, hd = q.shape[0], self.attn.head_dim
+            q = self.q_norm(q.reshape(tokens, -1, hd)).reshape(tokens, -1)
+            k = self.k_norm(k.reshape(tokens, -1, hd)).reshape(tokens, -1)
+        q, k = self.rotary(positions, q, k)
+        return self.o_proj(self.attn(q, k, v, attn))
+
+
+class GatedMLP(nn.Module):
+    def __init__(self, config: ModelConfig, *, quant: QuantScheme, parallel: ParallelContext, prefix: str):
+        super().__init__()
+        self.gate_up_proj = MergedColumnParallelLinear(config.hidden_size, [config.intermediate_size] * 2, quant=quant,
+                                                       parallel=parallel, prefix=f"{prefix}.gate_up_proj")
+        self.down_proj = RowParallelLinear(config.intermediate_size, config.hidden_size, quant=quant,
+                                           parallel=parallel, prefix=f"{prefix}.down_proj")
+        if config.hidden_act not in ACTIVATIONS:
+            raise ValueError(f"activation {config.hidden_act!r} is not supported ({', '.join(ACTIVATIONS)})")
+        self.act = ACTIVATIONS[config.hidden_act]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return self.down_proj(self.act(gate) * up)
+
+
+class LlamaDecoderLayer(nn.Module):
+    """Pre-norm block: x + attn(norm(x)), then x + mlp(norm(x))."""
+
+    def __init__(self, config: ModelConfig, options: AttentionOptions, *, quant, parallel, prefix: str):
+        super().__init__()
+        dtype = quant.params_dtype
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype=dtype)
+        self.self_attn = DecoderAttention(config, options, quant=quant, parallel=parallel, prefix=f"{prefix}.self_attn")
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype=dtype)
+        self.mlp = GatedMLP(config, quant=quant, parallel=parallel, prefix=f"{prefix}.mlp")
+
+    def forward(self, positions, hidden, attn):
+        hidden = hidden + self.self_attn(positions, self.input_layernorm(hidden), attn)
+        return hidden + self.mlp(self.post_attention_layernorm(hidden))
+
+
+class DecoderModel(nn.Module):
+    """Embedding, a stack of layers built by ``make_layer(index, prefix)``, final norm."""
+
+    def __init__(self, config: ModelConfig, make_layer, *, quant, parallel, norm_offset: float = 0.0,
+                 embed_scale: float | None = None):
+        super().__init__()
+        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size, quant=quant,
+                                                   parallel=parallel, prefix="model.embed_tokens")
+        self.layers = nn.ModuleList(make_layer(i, f"model.layers.{i}") for i in range(config.num_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, weight_offset=norm_offset,
+                            dtype=quant.params_dtype)
+        self.embed_scale = embed_scale
+
+    def forward(self, input_ids, positions, attn):
+        hidden = self.embed_tokens(input_ids)
+        if self.embed_scale is not None:  # Gemma: scaled in the activation dtype, as transformers does
+            hidden = hidden * torch.tensor(self.embed_scale, dtype=hidden.dtype)
+        for layer in self.layers:
+            hidden = layer(positions, hidden, attn)
+        return self.norm(hidden)
+
+
+class CausalLM(nn.Module):
+    """``forward(input_ids, positions, attn) -> hidden``; ``compute_logits(hidden) -> logits``."""
+
+    def __init__(self, config: ModelConfig, model: DecoderModel, *, quant, parallel, final_logit_softcap=None):
+        super().__init__()
+        self.config, self.model = config, model
+        tied = model.embed_tokens if config.tie_word_embeddings else None
+        self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size, quant=quant, parallel=parallel,
+                                      prefix="lm_head", tied_to=tied)
+        self.final_logit_softcap = final_logit_softcap
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionMetadata) -> torch.Tensor:
+        return self.model(input_ids, positions, attn)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        logits = self.lm_head(hidden)
+        if self.final_logit_softcap:
+            logits = torch.tanh(logits / self.final_logit_softcap) * self.final_logit_softcap
+        return logits
