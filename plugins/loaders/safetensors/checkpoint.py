@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import pickle
+import zipfile
 from pathlib import Path
 from typing import Iterator
 
@@ -140,7 +141,8 @@ def _dtype_bytes(dtype: str) -> int:
 
 def _load_bin(path: Path) -> dict[str, torch.Tensor]:
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        # mmap needs the zip container torch.save writes since 1.6; older pickles load eagerly
+        state = torch.load(path, map_location="cpu", weights_only=True, mmap=zipfile.is_zipfile(path))
     except pickle.UnpicklingError as exc:
         raise UnsafeCheckpointError(f"refused: the pickle holds objects other than tensors ({exc})",
                                     file=str(path)) from exc
