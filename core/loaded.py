@@ -45,7 +45,7 @@ class LoadedModel:
         """Greedy continuation (new tokens only); stops early at an end-of-sequence token."""
         prompt = [int(t) for t in torch.as_tensor(token_ids).flatten().tolist()]
         stops = set(self.config.eos_token_ids if stop_token_ids is None else stop_token_ids)
-        cache = _SingleSequenceCache(self.model, len(prompt) + max_new_tokens, self.device)
+        cache = _SingleSequenceCache(self.model, len(prompt) + max_new_tokens, self.device, self.scheme.params_dtype)
         out: list[int] = []
         step_ids, start = prompt, 0
         with cache:
@@ -70,12 +70,10 @@ class LoadedModel:
 class _SingleSequenceCache:
     """A private paged KV cache holding one sequence in consecutive blocks."""
 
-    def __init__(self, model: nn.Module, max_tokens: int, device: torch.device):
+    def __init__(self, model: nn.Module, max_tokens: int, device: torch.device, dtype: torch.dtype):
         self.layers = [m for m in model.modules() if isinstance(m, Attention)]
         self.num_blocks = (max_tokens + BLOCK_SIZE - 1) // BLOCK_SIZE
-        self.device = device
-        self.dtype = next(p for p in model.parameters() if p.is_floating_point()).dtype if any(
-            p.is_floating_point() for p in model.parameters()) else torch.float32
+        self.device, self.dtype = device, dtype
 
     def __enter__(self):
         for layer in self.layers:

@@ -77,6 +77,9 @@ class Registry:
         self.name_maps[key] = name_map
 
     def _add_kernel(self, owner: str, op_name: str, impl: Callable, device: str = "any", priority: int = 0) -> None:
+        info = self.plugins.infos.get(owner)
+        if info is not None:
+            info.registers.setdefault("kernel op", []).append(f"{op_name} ({device})")
         self.kernels.append((op_name, impl, device, priority, owner))
 
     # ---- lookups -------------------------------------------------------------------------

@@ -7,6 +7,7 @@ from toolkit.core.checkpoint import Source
 from toolkit.core.errors import SourceError
 
 from .checkpoint import HFCheckpoint, weight_files
+from .writer import HFWriter
 
 
 class SafetensorsLoader:
@@ -23,3 +24,7 @@ class SafetensorsLoader:
         if not (folder / "config.json").exists():
             raise SourceError(f"{folder} has no config.json")
         return HFCheckpoint(Path(folder), override=load_config.config_override)
+
+    def writer(self, dest: Path, options) -> HFWriter:
+        """Streaming writer for ``toolkit convert --to safetensors[:DTYPE]``."""
+        return HFWriter(dest, options.target_type)

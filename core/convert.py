@@ -1,0 +1,217 @@
+"""``toolkit convert``: any readable format -> any writable format, through loader plugins.
+
+Two writer kinds, both part of the Loader contract:
+
+* streaming: ``loader.writer(dest, options) -> TensorWriter`` receives the source as
+  Hugging Face-named dense tensors one at a time (``begin`` / ``add_tensor`` / ``finish``), so
+  a GGUF -> safetensors or safetensors -> GGUF conversion never holds the model;
+* model-level: ``loader.save(loaded_model, dest, options)`` writes a model toolkit loaded
+  (sharded state, tensorizer, pre-quantized layouts that need the model's own parameters).
+
+Output goes to a temporary sibling of DEST and is renamed only once complete: an
+interrupted or failed conversion leaves nothing at DEST.
+"""
+from __future__ import annotations
+
+import shutil
+import tempfile
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator, Protocol
+
+import torch
+
+from .config import LoadConfig
+from .errors import ConversionError, UnknownNameError
+from .load import open_checkpoint
+from .names import NameContext
+from .registry import Registry, default_registry
+from .report import LoadReport
+
+Progress = Callable[[int, int, str], None]
+
+
+@dataclass(frozen=True)
+class ConvertOptions:
+    """What ``--to FORMAT[:TYPE]`` and the flags ask of a writer.
+
+    :param target_type: the part after ``:`` (``Q4_K_M``, ``nf4``...), None for the writer's default
+    :param overrides: per-tensor type overrides, ``(glob on the HF name, type)``, first match wins
+    :param tp: tensor-parallel size for writers that store per-rank files
+    """
+
+    target_type: str | None = None
+    overrides: tuple[tuple[str, str], ...] = ()
+    tp: int = 1
+    dtype: torch.dtype | None = None
+    extra: dict[str, str] = field(default_factory=dict)
+
+
+class TensorWriter(Protocol):
+    def begin(self, *, hf_config: dict, tokenizer: Any | None, num_tensors: int) -> None: ...
+
+    def add_tensor(self, hf_name: str, tensor: torch.Tensor) -> None:
+        """A dense tensor under its Hugging Face name (q/k/v and gate/up separate)."""
+
+    def finish(self) -> dict[str, Any]:
+        """Close the output; return summary facts (e.g. ``{"parameters": n, "bits": b}``)."""
+
+
+@dataclass
+class ConvertResult:
+    dest: Path
+    seconds: float
+    source_bytes: int
+    dest_bytes: int
+    num_tensors: int
+    num_parameters: int
+    facts: dict[str, Any]
+
+    @property
+    def bits_per_weight(self) -> float:
+        return 8 * self.dest_bytes / self.num_parameters if self.num_parameters else 0.0
+
+    def summary_lines(self) -> list[str]:
+        return [f"wrote         {self.dest}",
+                f"size          {self.source_bytes / 2**20:.1f} MiB -> {self.dest_bytes / 2**20:.1f} MiB",
+                f"tensors       {self.num_tensors} ({self.num_parameters / 1e6:.2f}M weights, "
+                f"{self.bits_per_weight:.2f} bits per weight)",
+                f"time          {self.seconds:.2f}s"]
+
+
+def parse_target(target: str) -> tuple[str, str | None]:
+    fmt, _, kind = target.partition(":")
+    return fmt, kind or None
+
+
+def convert(source, dest, *, to: str, force: bool = False, options: ConvertOptions | None = None,
+            source_format: str | None = None, progress: Progress | None = None,
+            registry: Registry | None = None) -> ConvertResult:
+    """Convert ``source`` into ``dest`` as ``to`` (``FORMAT[:TYPE]``); see the module docstring."""
+    registry = registry or default_registry()
+    fmt, kind = parse_target(to)
+    loader = registry.loader(fmt)
+    if not (hasattr(loader, "writer") or hasattr(loader, "save")):
+        raise UnknownNameError("writer", fmt, [n for n, l in registry.loaders.items()
+                                               if hasattr(l, "writer") or hasattr(l, "save")])
+    options = options or ConvertOptions()
+    options = ConvertOptions(kind or options.target_type, options.overrides, options.tp, options.dtype, options.extra)
+    dest = Path(dest)
+    if dest.exists() and not force:
+        raise ConversionError(f"{dest} exists; pass --force to overwrite it")
+    start = time.perf_counter()
+    with _staged(dest, force) as staging:
+        if hasattr(loader, "writer"):
+            facts, stats = _stream(source, staging, loader, options, source_format, registry, progress)
+        else:
+            facts, stats = _save_model(source, staging, loader, options, source_format)
+    return ConvertResult(dest, time.perf_counter() - start, stats[0], _size(dest), stats[1], stats[2], facts)
+
+
+@contextmanager
+def _staged(dest: Path, force: bool) -> Iterator[Path]:
+    """A temporary path beside ``dest``, renamed onto it only if the body completes."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    holder = Path(tempfile.mkdtemp(prefix=f".{dest.name}.partial-", dir=dest.parent))
+    staging = holder / dest.name
+    try:
+        yield staging
+        if not staging.exists():
+            raise ConversionError(f"the writer produced nothing at {staging}")
+        if dest.exists() and force:
+            shutil.rmtree(dest) if dest.is_dir() else dest.unlink()
+        staging.rename(dest)
+    finally:
+        shutil.rmtree(holder, ignore_errors=True)
+
+
+def _stream(source, staging: Path, loader, options: ConvertOptions, source_format, registry: Registry,
+            progress: Progress | None):
+    report = LoadReport()
+    checkpoint = open_checkpoint(source, registry=registry, load_config=LoadConfig(format=source_format),
+                                 report=report)
+    try:
+        hf = checkpoint.hf_config
+        arch = registry.architecture(*(hf.get("architectures") or []), hf.get("model_type"))
+        config = arch.config_from(hf)
+        name_map = registry.name_map(checkpoint.format, arch.name)
+        context = NameContext(arch, config, _parameter_names(arch, config, checkpoint, registry))
+        writer = loader.writer(staging, options)
+        writer.begin(hf_config=hf, tokenizer=checkpoint.tokenizer(), num_tensors=len(checkpoint.tensor_names()))
+        stats = _copy_tensors(checkpoint, name_map, context, writer, progress)
+        return writer.finish(), (report.bytes_read + stats[0], stats[1], stats[2])
+    finally:
+        checkpoint.close()
+
+
+def _copy_tensors(checkpoint, name_map, context: NameContext, writer, progress: Progress | None):
+    total, source_bytes, count, numel = len(checkpoint.tensor_names()), 0, 0, 0
+    for done, (name, _file, tensor) in enumerate(checkpoint.read_tensors(), start=1):
+        source_bytes += int(getattr(tensor, "nbytes", 0))
+        mapped = name_map.map(name, context)
+        if mapped is not None:
+            value = mapped.transform(tensor) if mapped.transform else tensor
+            dense = to_dense(value, name)
+            writer.add_tensor(unpacked_name(mapped.canonical, mapped.shard_id, context.arch.packed_modules), dense)
+            count, numel = count + 1, numel + dense.numel()
+        if progress is not None:
+            progress(done, total, name)
+    return source_bytes, count, numel
+
+
+def to_dense(value, name: str) -> torch.Tensor:
+    """A plain float tensor: format objects (packed quantized data) provide ``to_dense()``."""
+    if isinstance(value, torch.Tensor):
+        return value
+    if hasattr(value, "to_dense"):
+        return value.to_dense()
+    raise ConversionError(f"tensor {name!r} ({type(value).__name__}) cannot be dequantized for conversion")
+
+
+def unpacked_name(canonical: str, shard_id: int | None, packed_modules) -> str:
+    """Inverse of ``split_packed``: (``...qkv_proj.weight``, 1) -> ``...k_proj.weight``."""
+    if shard_id is None:
+        return canonical
+    parts = canonical.split(".")
+    for i, part in enumerate(parts):
+        if part in packed_modules:
+            parts[i] = packed_modules[part][shard_id]
+            return ".".join(parts)
+    raise ConversionError(f"{canonical!r} has shard {shard_id} but no packed module")
+
+
+def _parameter_names(arch, config, checkpoint, registry: Registry) -> frozenset[str]:
+    """Our own model's parameter names, from a build on the meta device (no memory, no weights)."""
+    from .quant import DEFAULT_SCHEME  # noqa: PLC0415
+
+    scheme = registry.quant_scheme(DEFAULT_SCHEME).from_spec(DEFAULT_SCHEME, params_dtype=torch.float32)
+    with torch.device("meta"):
+        model = arch.build(config, scheme, _single())
+    return frozenset(name for name, _ in model.named_parameters())
+
+
+def _single():
+    from .parallel import SINGLE  # noqa: PLC0415
+
+    return SINGLE
+
+
+def _save_model(source, staging: Path, loader, options: ConvertOptions, source_format):
+    from .api import load  # noqa: PLC0415 - model-level writers need the model loaded
+
+    quant = getattr(loader, "quant_for_target", lambda kind: None)(options.target_type)
+    loaded = load(source, format=source_format, quant=quant, dtype=options.dtype, device="cpu", tp=options.tp)
+    try:
+        facts = loader.save(loaded, staging, options) or {}
+        report = loaded.report
+        return facts, (report.bytes_read, report.tensors_mapped, report.num_parameters)
+    finally:
+        loaded.close()
+
+
+def _size(path: Path) -> int:
+    if path.is_file():
+        return path.stat().st_size
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())

@@ -1,0 +1,62 @@
+"""The ``toolkit convert`` command (the driver is core/convert.py)."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from .config import parse_dtype
+from .convert import ConvertOptions, convert
+
+
+def _overrides(values: list[str]) -> tuple[tuple[str, str], ...]:
+    pairs = []
+    for value in values:
+        pattern, sep, kind = value.rpartition("=")
+        if not sep or not pattern:
+            raise typer.BadParameter(f"{value!r}: expected GLOB=TYPE, e.g. '*.ffn_down*=Q6_K'")
+        pairs.append((pattern, kind))
+    return tuple(pairs)
+
+
+def convert_command(
+    source: str = typer.Argument(..., help="Model to read: file, directory or hub id."),
+    dest: Path = typer.Argument(..., help="Output path (file or directory, as the target format writes)."),
+    to: str = typer.Option(..., "--to", help="Target FORMAT[:TYPE], e.g. gguf:Q8_0, gguf:Q4_K_M, "
+                                             "safetensors:bf16, bnb:nf4, sharded, tensorizer."),
+    source_format: Optional[str] = typer.Option(None, "--format", help="Force the loader used to read SOURCE."),
+    override: List[str] = typer.Option([], "--override", help="Per-tensor type, GLOB=TYPE on the Hugging Face "
+                                                              "name (repeatable; first match wins)."),
+    tp: int = typer.Option(1, "--tp", help="Tensor-parallel size, for targets that store per-rank files."),
+    dtype: Optional[str] = typer.Option(None, "--dtype", help="fp32/fp16/bf16 for model-level writers."),
+    force: bool = typer.Option(False, "--force", help="Replace DEST if it exists."),
+) -> None:
+    """Convert a model between formats and quantization types.
+
+    The output is written under a temporary name beside DEST and renamed only when complete,
+    so an interrupted conversion leaves nothing at DEST.
+
+    Example: toolkit convert ./my-llama ./my-llama-q8.gguf --to gguf:Q8_0
+    """
+    from tqdm import tqdm  # noqa: PLC0415
+
+    bar = tqdm(unit="tensor", desc="converting")
+
+    def progress(done: int, total: int, name: str) -> None:
+        bar.total = total
+        bar.set_postfix_str(name[-40:], refresh=False)
+        bar.update(done - bar.n)
+
+    options = ConvertOptions(overrides=_overrides(override), tp=tp, dtype=parse_dtype(dtype))
+    try:
+        result = convert(source, dest, to=to, force=force, options=options, source_format=source_format,
+                         progress=progress)
+    finally:
+        bar.close()
+    for line in result.summary_lines():
+        typer.echo(line)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("convert")(convert_command)

@@ -1,0 +1,76 @@
+"""Streaming writer of Hugging Face checkpoints: ``config.json``, ``*.safetensors`` shards
+(with ``model.safetensors.index.json`` when more than one) and tokenizer files."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import save_file
+
+from toolkit.core.config import DTYPES
+from toolkit.core.errors import ConversionError
+
+SHARD_BYTES = 2 * 2**30
+# Keys that describe how a *source* file was quantized; the written checkpoint is dense.
+DROPPED_CONFIG_KEYS = ("quantization_config",)
+
+
+class HFWriter:
+    """``--to safetensors[:fp32|fp16|bf16]`` (default fp32, which holds any dequantized value exactly)."""
+
+    def __init__(self, dest: Path, target_type: str | None, shard_bytes: int = SHARD_BYTES):
+        if target_type is not None and target_type not in DTYPES:
+            raise ConversionError(f"safetensors cannot store {target_type!r}; choose one of {', '.join(DTYPES)}")
+        self.dest, self.dtype = Path(dest), DTYPES[target_type or "fp32"]
+        self.shard_bytes = shard_bytes
+        self.pending: dict[str, torch.Tensor] = {}
+        self.pending_bytes = 0
+        self.shards: list[list[str]] = []
+        self.hf_config: dict = {}
+        self.tokenizer = None
+        self.num_parameters = 0
+
+    def begin(self, *, hf_config: dict, tokenizer: Any | None, num_tensors: int) -> None:
+        self.dest.mkdir(parents=True)
+        self.hf_config = {k: v for k, v in hf_config.items() if k not in DROPPED_CONFIG_KEYS}
+        self.hf_config["torch_dtype"] = str(self.dtype).removeprefix("torch.")
+        self.tokenizer = tokenizer
+
+    def add_tensor(self, hf_name: str, tensor: torch.Tensor) -> None:
+        value = tensor.to(self.dtype).contiguous()
+        if self.pending and self.pending_bytes + value.nbytes > self.shard_bytes:
+            self._flush()
+        self.pending[hf_name] = value
+        self.pending_bytes += value.nbytes
+        self.num_parameters += value.numel()
+
+    def _flush(self) -> None:
+        index = len(self.shards)
+        save_file(self.pending, self.dest / f"part-{index}.tmp", metadata={"format": "pt"})
+        self.shards.append(list(self.pending))
+        self.pending, self.pending_bytes = {}, 0
+
+    def finish(self) -> dict[str, Any]:
+        if self.pending or not self.shards:
+            self._flush()
+        self._name_shards()
+        (self.dest / "config.json").write_text(json.dumps(self.hf_config, indent=2))
+        if self.tokenizer is not None:
+            self.tokenizer.save_pretrained(self.dest)
+        return {"parameters": self.num_parameters, "dtype": str(self.dtype)}
+
+    def _name_shards(self) -> None:
+        count = len(self.shards)
+        if count == 1:
+            (self.dest / "part-0.tmp").rename(self.dest / "model.safetensors")
+            return
+        weight_map = {}
+        for i, names in enumerate(self.shards):
+            final = f"model-{i + 1:05d}-of-{count:05d}.safetensors"
+            (self.dest / f"part-{i}.tmp").rename(self.dest / final)
+            weight_map.update(dict.fromkeys(names, final))
+        index = {"metadata": {"total_size": sum((self.dest / f).stat().st_size for f in set(weight_map.values()))},
+                 "weight_map": weight_map}
+        (self.dest / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))

@@ -1,0 +1,75 @@
+"""The conversion driver: atomic output, no silent overwrite, faithful streaming copies."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import toolkit
+from hf_fixtures import save_hf_model
+from toolkit.core import convert as convert_module
+from toolkit.core.convert import convert, unpacked_name
+from toolkit.core.errors import ConversionError
+
+
+@pytest.fixture(scope="module")
+def source(tmp_path_factory):
+    path = tmp_path_factory.mktemp("src")
+    save_hf_model(path, kind="qwen2", shard_size="60KB")
+    return path
+
+
+def test_safetensors_copy_keeps_logits(source, tmp_path):
+    dest = tmp_path / "copy"
+    result = convert(source, dest, to="safetensors")
+    ids = torch.arange(4, 20)
+    original, copied = toolkit.load(source, device="cpu"), toolkit.load(dest, device="cpu")
+    assert torch.equal(original.logits(ids), copied.logits(ids))
+    assert result.num_parameters == sum(p.numel() for p in original.model.parameters()) - (
+        original.model.model.embed_tokens.rows_per_rank - 1001) * 64 * 2
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+
+
+def test_bf16_target_halves_the_size(source, tmp_path):
+    full = convert(source, tmp_path / "f32", to="safetensors")
+    half = convert(source, tmp_path / "bf16", to="safetensors:bf16")
+    assert abs(half.dest_bytes / full.dest_bytes - 0.5) < 0.02
+    assert round(half.bits_per_weight) == 16
+
+
+def test_refuses_to_overwrite_without_force(source, tmp_path):
+    dest = tmp_path / "out"
+    dest.mkdir()
+    (dest / "keep.txt").write_text("precious")
+    with pytest.raises(ConversionError, match="--force"):
+        convert(source, dest, to="safetensors")
+    assert (dest / "keep.txt").read_text() == "precious"
+    convert(source, dest, to="safetensors", force=True)
+    assert not (dest / "keep.txt").exists() and (dest / "config.json").exists()
+
+
+def test_interrupted_conversion_leaves_nothing(source, tmp_path, monkeypatch):
+    calls = {"n": 0}
+    real = convert_module.to_dense
+
+    def fail_midway(value, name):
+        calls["n"] += 1
+        if calls["n"] == 7:
+            raise KeyboardInterrupt  # what Ctrl-C delivers mid-conversion
+        return real(value, name)
+
+    monkeypatch.setattr(convert_module, "to_dense", fail_midway)
+    with pytest.raises(KeyboardInterrupt):
+        convert(source, tmp_path / "dest", to="safetensors")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_unknown_target_format(source, tmp_path):
+    with pytest.raises(toolkit.ToolkitError, match="no-such-format"):
+        convert(source, tmp_path / "x", to="no-such-format")
+
+
+def test_unpacked_name_inverts_packing():
+    packed = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
+    assert unpacked_name("model.layers.3.self_attn.qkv_proj.bias", 2, packed) == "model.layers.3.self_attn.v_proj.bias"
+    assert unpacked_name("model.layers.0.mlp.gate_up_proj.weight", 0, packed) == "model.layers.0.mlp.gate_proj.weight"
+    assert unpacked_name("model.norm.weight", None, packed) == "model.norm.weight"
