@@ -6,7 +6,9 @@ touches torch.distributed.
 """
 from __future__ import annotations
 
+import socket
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 import torch
@@ -38,3 +40,43 @@ class ParallelContext:
 
 
 SINGLE = ParallelContext()
+
+
+def backend_for(device: torch.device) -> str:
+    """The torch.distributed backend for a device type: NCCL on CUDA, gloo elsewhere."""
+    return "nccl" if torch.device(device).type == "cuda" else "gloo"
+
+
+def init_tensor_parallel(*, rank: int, world_size: int, device: torch.device, init_method: str = "env://",
+                         timeout: timedelta | None = None) -> ParallelContext:
+    """Join (or reuse) the default process group and return this rank's ParallelContext.
+
+    One tensor-parallel group spans the whole world. On CUDA the current device is set to
+    ``device`` first, so NCCL binds each rank to its own GPU.
+
+    :param init_method: ``env://`` under a launcher (MASTER_ADDR/MASTER_PORT), ``tcp://host:port`` otherwise
+    """
+    device = torch.device(device)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    if not dist.is_initialized():
+        options = {"timeout": timeout} if timeout is not None else {}
+        dist.init_process_group(backend_for(device), init_method=init_method, rank=rank, world_size=world_size,
+                                **options)
+    if dist.get_world_size() != world_size or dist.get_rank() != rank:
+        raise RuntimeError(f"torch.distributed is already initialised as rank {dist.get_rank()} of "
+                           f"{dist.get_world_size()}, not rank {rank} of {world_size}")
+    return ParallelContext(tp_rank=rank, tp_size=world_size, group=dist.group.WORLD)
+
+
+def shutdown_tensor_parallel() -> None:
+    """Leave the default process group if this process joined one."""
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def free_local_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago (for a single-host rendezvous)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]

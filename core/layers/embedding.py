@@ -42,7 +42,9 @@ class VocabParallelEmbedding(nn.Module):
         return self.parallel.all_reduce(rows)
 
     def load_weight(self, param_name: str, loaded, shard_id: int | None) -> None:
-        getattr(self, param_name).load_rows(loaded, source_start=self.vocab_start, size=self.num_real_rows)
+        # a rank wholly past the real vocab (small vocab, large tp) holds only padding: it copies 0 rows
+        start = min(self.vocab_start, self.vocab_size)
+        getattr(self, param_name).load_rows(loaded, source_start=start, size=self.num_real_rows)
 
     def project(self, hidden: torch.Tensor) -> torch.Tensor:
         """This rank's logits for ``hidden`` against the table (used by a tied LM head)."""
