@@ -4,9 +4,9 @@ Two writer kinds, both part of the Loader contract:
 
 * streaming: ``loader.writer(dest, options) -> TensorWriter`` receives the source as
   Hugging Face-named dense tensors one at a time (``begin`` / ``add_tensor`` / ``finish``), so
-  a GGUF -> safetensors or safetensors -> GGUF conversion never holds the model;
+  a conversion between two tensor-file formats never holds the model;
 * model-level: ``loader.save(loaded_model, dest, options)`` writes a model toolkit loaded
-  (sharded state, tensorizer, pre-quantized layouts that need the model's own parameters).
+  (per-rank snapshots, serializers and pre-quantized layouts that need the model's own parameters).
 
 Output goes to a temporary sibling of DEST and is renamed only once complete: an
 interrupted or failed conversion leaves nothing at DEST.
@@ -37,7 +37,7 @@ Progress = Callable[[int, int, str], None]
 class ConvertOptions:
     """What ``--to FORMAT[:TYPE]`` and the flags ask of a writer.
 
-    :param target_type: the part after ``:`` (``Q4_K_M``, ``nf4``...), None for the writer's default
+    :param target_type: the part after ``:`` (a quant type name the writer knows), None for the writer's default
     :param overrides: per-tensor type overrides, ``(glob on the HF name, type)``, first match wins
     :param tp: tensor-parallel size for writers that store per-rank files
     """

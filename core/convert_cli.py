@@ -15,7 +15,7 @@ def _overrides(values: list[str]) -> tuple[tuple[str, str], ...]:
     for value in values:
         pattern, sep, kind = value.rpartition("=")
         if not sep or not pattern:
-            raise typer.BadParameter(f"{value!r}: expected GLOB=TYPE, e.g. '*.ffn_down*=Q6_K'")
+            raise typer.BadParameter(f"{value!r}: expected GLOB=TYPE, e.g. '*.down_proj.weight=TYPE'")
         pairs.append((pattern, kind))
     return tuple(pairs)
 
@@ -23,8 +23,8 @@ def _overrides(values: list[str]) -> tuple[tuple[str, str], ...]:
 def convert_command(
     source: str = typer.Argument(..., help="Model to read: file, directory or hub id."),
     dest: Path = typer.Argument(..., help="Output path (file or directory, as the target format writes)."),
-    to: str = typer.Option(..., "--to", help="Target FORMAT[:TYPE], e.g. gguf:Q8_0, gguf:Q4_K_M, "
-                                             "safetensors:bf16, bnb:nf4, sharded, tensorizer."),
+    to: str = typer.Option(..., "--to", help="Target FORMAT[:TYPE]: a loader that can write (see "
+                                             "`toolkit plugins`) and, optionally, the type it should store."),
     source_format: Optional[str] = typer.Option(None, "--format", help="Force the loader used to read SOURCE."),
     override: List[str] = typer.Option([], "--override", help="Per-tensor type, GLOB=TYPE on the Hugging Face "
                                                               "name (repeatable; first match wins)."),
@@ -37,7 +37,8 @@ def convert_command(
     The output is written under a temporary name beside DEST and renamed only when complete,
     so an interrupted conversion leaves nothing at DEST.
 
-    Example: toolkit convert ./my-llama ./my-llama-q8.gguf --to gguf:Q8_0
+    Example: toolkit convert ./my-llama ./my-llama-bf16 --to safetensors:bf16
+    (docs/convert.md lists every target and type the built-in plugins write)
     """
     from tqdm import tqdm  # noqa: PLC0415
 

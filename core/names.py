@@ -15,9 +15,19 @@ from .config import ModelConfig
 
 @dataclass(frozen=True)
 class MappedName:
+    """Where a checkpoint tensor goes.
+
+    ``stored_part`` (None for ordinary checkpoints) marks the tensor as part of the parameter's
+    *stored state*: exactly what ``ModelParameter.stored_state()`` returned when this rank's
+    model was saved. It is handed to ``param.load_stored(tensor, part=...)`` as-is: no shard
+    arithmetic, no transform, and the owning layer's ``process_after_loading`` is skipped
+    (a stored state is by definition the processed state).
+    """
+
     canonical: str
     shard_id: int | None = None
     transform: Callable[[Any], Any] | None = None
+    stored_part: str | None = None
 
 
 @dataclass(frozen=True)
@@ -65,7 +75,7 @@ def map_hf_name(name: str, context: NameContext, transform: Callable | None = No
 @dataclass(frozen=True)
 class HFNameMap:
     """Hugging Face names are our canonical names: only packing applies. Any format that keeps
-    HF names (safetensors, .bin, sharded HF checkpoints) registers one of these."""
+    HF names (single-file or sharded HF checkpoints) registers one of these."""
 
     format: str
     architecture: str = "*"
