@@ -1,0 +1,53 @@
+"""GGUF kernels: dequantize, dequantize-matmul and quantized embedding lookup for packed GGUF rows.
+
+Ops (through ``toolkit.kernels.runtime.call``):
+
+- ``gguf_dequantize(data, qtype, cols, dtype) -> [rows, cols]``
+- ``gguf_matmul(x, data, qtype, cols) -> x @ W.T``
+- ``gguf_embedding(ids, data, qtype, cols, dtype) -> [len(ids), cols]``
+
+The torch reference (``reference.py``) registers for every device; Triton kernels register for
+CUDA when Triton is importable and decline, via ``supports``, the types they do not handle.
+"""
+from __future__ import annotations
+
+import importlib.util
+import warnings
+
+import torch
+
+from ...core.hookspecs import hookimpl
+from .reference import (SUPPORTED_TYPES, gguf_dequantize, gguf_embedding, gguf_matmul, is_supported)
+from .types import block_size, bytes_per_row, type_name, type_size
+
+OPS = ("gguf_dequantize", "gguf_matmul", "gguf_embedding")
+
+
+def _triton_ops():
+    """The CUDA implementations, or none where there is no GPU or no usable Triton (imported
+    lazily); a broken Triton install must not take the reference ops down with it."""
+    if not torch.cuda.is_available() or importlib.util.find_spec("triton") is None:
+        return {}
+    try:
+        from . import triton_ops  # noqa: PLC0415 - Triton is optional and slow to import
+    except Exception as exc:  # noqa: BLE001
+        warnings.warn(f"GGUF Triton kernels unavailable, using the torch reference: {exc}", stacklevel=2)
+        return {}
+    return triton_ops.OPS
+
+
+def register_all(register) -> None:
+    """Register the reference ops and, where possible, the Triton ones (usable without pluggy)."""
+    for name, fn in zip(OPS, (gguf_dequantize, gguf_matmul, gguf_embedding)):
+        register(name, fn, device="any")
+    for name, fn in _triton_ops().items():
+        register(name, fn, device="cuda", priority=10)
+
+
+@hookimpl
+def register_kernels(register):
+    register_all(register)
+
+
+__all__ = ["OPS", "SUPPORTED_TYPES", "block_size", "bytes_per_row", "gguf_dequantize", "gguf_embedding",
+           "gguf_matmul", "is_supported", "register_all", "type_name", "type_size"]

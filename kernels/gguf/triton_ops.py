@@ -1,0 +1,164 @@
+"""CUDA implementations of the GGUF ops on the Triton kernels, with launch choices.
+
+Each op has ``supports(*args)``: it declines (so the torch reference runs, and raises the typed
+errors) for types without a Triton tile, float32 activations, CPU tensors or malformed data.
+
+Launch choices (measured by ``bench/bench_gguf_kernels.py --sweep`` on an H200):
+- ``T == 1`` (decode): the float32 multiply-accumulate kernel (``BM=1``) on word-wise tiles.
+- ``T <= FUSED_MAX_TOKENS``: the fused ``tl.dot`` kernel with ``BM=16``.
+- larger ``T`` (prefill): Triton dequantize to x's dtype, then the dense matmul (cuBLAS): 3-4x
+  faster than the fused kernel at BM=128, which re-unpacks W once per token tile.
+"""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import torch
+import triton
+
+from .bits import IQ4_NL_VALUES
+from .types import block_size, type_name, type_size
+from .triton_kernels import dequantize_kernel, matmul_kernel
+
+# Scale sub-block per type: the tile width must be a multiple of it.
+SUB_BLOCK = {"Q4_0": 32, "Q4_1": 32, "Q5_0": 32, "Q5_1": 32, "Q8_0": 32, "IQ4_NL": 32,
+             "Q2_K": 16, "Q3_K": 16, "Q4_K": 32, "Q5_K": 32, "Q6_K": 16, "IQ4_XS": 32}
+TRITON_TYPES = frozenset(SUB_BLOCK)
+# Types with a word-wise matmul tile (triton_words), and the columns one of its groups spans;
+# the others use the element-wise tile inside the matmul.
+WORD_GROUP = {"Q8_0": 32, "Q4_0": 32, "Q4_1": 32, "Q5_0": 32, "Q5_1": 32, "IQ4_NL": 32,
+              "Q4_K": 64, "Q5_K": 64, "Q6_K": 128}
+FUSED_MAX_TOKENS = 16
+PROGRAMS_PER_SM = 4
+
+
+@dataclass(frozen=True)
+class MatmulConfig:
+    """One launch shape: ``BM`` tokens x ``BN`` rows per program, ``BK`` columns per step."""
+    bm: int
+    bn: int
+    bk: int
+    num_warps: int = 4
+    num_stages: int = 2
+
+
+# Chosen from bench/bench_gguf_kernels.py --sweep on an H200 (best or within noise of best for
+# Q4_K/Q8_0/Q4_0/Q6_K at 4096x4096, 14336x4096 and 4096x14336).
+DECODE_CONFIG = MatmulConfig(bm=1, bn=8, bk=256)
+SMALL_BATCH_CONFIG = MatmulConfig(bm=16, bn=64, bk=64)
+
+
+def _type_args(qtype: int) -> dict:
+    name = type_name(qtype)
+    return {"QTYPE": int(qtype), "TS": type_size(qtype), "BLOCK": block_size(qtype), "SUB": SUB_BLOCK[name]}
+
+
+@functools.lru_cache(maxsize=None)
+def _codebook(device: torch.device) -> torch.Tensor:
+    return torch.tensor(IQ4_NL_VALUES, dtype=torch.float32, device=device)
+
+
+def _tile_width(cols: int, wanted: int) -> int:
+    """The widest power-of-two tile <= ``wanted`` that divides ``cols`` (cols is whole 32-blocks)."""
+    width = wanted
+    while cols % width:
+        width //= 2
+    return width
+
+
+def _packed_ok(data: torch.Tensor, qtype: int, cols: int) -> bool:
+    if not (data.is_cuda and data.dtype == torch.uint8 and data.dim() == 2 and data.stride(1) == 1):
+        return False
+    if data.data_ptr() % 4 or data.stride(0) % 2:  # the kernels read 16/32-bit words
+        return False
+    if type_name(qtype) not in TRITON_TYPES or cols % block_size(qtype):
+        return False
+    return data.shape[1] == cols // block_size(qtype) * type_size(qtype)
+
+
+def gguf_dequantize(data: torch.Tensor, qtype: int, cols: int, dtype: torch.dtype) -> torch.Tensor:
+    rows = data.shape[0]
+    out = torch.empty(rows, cols, dtype=dtype, device=data.device)
+    bk = _tile_width(cols, 256)
+    bn = max(1, min(32, 8192 // bk))
+    grid = (triton.cdiv(rows, bn), cols // bk)
+    dequantize_kernel[grid](data, out, _codebook(data.device), rows, cols, data.stride(0),
+                            BN=bn, BK=bk, **_type_args(qtype))
+    return out
+
+
+gguf_dequantize.supports = lambda data, qtype, cols, dtype: (
+    _packed_ok(data, qtype, cols) and dtype in (torch.float16, torch.bfloat16, torch.float32))
+
+
+@functools.lru_cache(maxsize=None)
+def _num_sms(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def _split_k(num_programs: int, k_tiles: int, device: torch.device) -> int:
+    """Split K until there are about ``PROGRAMS_PER_SM`` programs per SM (never cutting a tile):
+    a decode GEMV has few output tiles, and a memory-bound kernel needs many loads in flight."""
+    target = PROGRAMS_PER_SM * _num_sms(device)
+    split = max(1, min(k_tiles, target // max(num_programs, 1)))
+    while k_tiles % split:
+        split -= 1
+    return split
+
+
+def _matmul_tile_width(qtype: int, cols: int, wanted: int) -> int:
+    """A tile width for the matmul: at least one word-layout group of the type."""
+    group = WORD_GROUP.get(type_name(qtype), 32)
+    return _tile_width(cols, max(wanted, group))
+
+
+def fused_matmul(x: torch.Tensor, data: torch.Tensor, qtype: int, cols: int, config: MatmulConfig,
+                 split: int | None = None, words: bool = True) -> torch.Tensor:
+    """``x [T, cols] @ W.T`` with the fused kernel under ``config`` (``split=None``: automatic;
+    ``words=False``: element-wise tiles even where a word-wise one exists)."""
+    tokens, rows = x.shape[0], data.shape[0]
+    # Large-BM tiles are prefill-sized, where dequantize + cuBLAS wins anyway; Triton 3.6 also
+    # fails to compile tl.dot on the permuted word-tile operands at BM=128.
+    words = words and config.bm <= 16 and type_name(qtype) in WORD_GROUP
+    # element-wise tiles stay inside one super-block (<= 256 columns)
+    bk = _matmul_tile_width(qtype, cols, config.bk) if words else _tile_width(cols, min(config.bk, 256))
+    grid_nm = (triton.cdiv(rows, config.bn), triton.cdiv(tokens, config.bm))
+    if split is None:
+        split = _split_k(grid_nm[0] * grid_nm[1], cols // bk, x.device)
+    out_dtype = x.dtype if split == 1 else torch.float32
+    out = torch.empty(split, tokens, rows, dtype=out_dtype, device=x.device)
+    matmul_kernel[(*grid_nm, split)](
+        x, data, out, _codebook(x.device), tokens, rows, cols // split, data.stride(0), x.stride(0),
+        BM=config.bm, BN=config.bn, BK=bk, num_warps=config.num_warps, num_stages=config.num_stages,
+        WORDS=words, **_type_args(qtype))
+    return out[0] if split == 1 else out.sum(0).to(x.dtype)
+
+
+def gguf_matmul(x: torch.Tensor, data: torch.Tensor, qtype: int, cols: int) -> torch.Tensor:
+    flat = x.reshape(-1, cols).contiguous()
+    tokens = flat.shape[0]
+    if tokens == 1:
+        out = fused_matmul(flat, data, qtype, cols, DECODE_CONFIG)
+    elif tokens <= FUSED_MAX_TOKENS:
+        out = fused_matmul(flat, data, qtype, cols, SMALL_BATCH_CONFIG)
+    else:
+        out = flat @ gguf_dequantize(data, qtype, cols, x.dtype).T
+    return out.reshape(*x.shape[:-1], data.shape[0])
+
+
+gguf_matmul.supports = lambda x, data, qtype, cols: (
+    _packed_ok(data, qtype, cols) and x.is_cuda and x.dtype in (torch.float16, torch.bfloat16)
+    and x.shape[-1] == cols)
+
+
+def gguf_embedding(ids: torch.Tensor, data: torch.Tensor, qtype: int, cols: int,
+                   dtype: torch.dtype) -> torch.Tensor:
+    rows = data.index_select(0, ids.reshape(-1).long())
+    return gguf_dequantize(rows, qtype, cols, dtype).reshape(*ids.shape, cols)
+
+
+gguf_embedding.supports = lambda ids, data, qtype, cols, dtype: (
+    gguf_dequantize.supports(data, qtype, cols, dtype) and ids.is_cuda)
+
+OPS = {"gguf_dequantize": gguf_dequantize, "gguf_matmul": gguf_matmul, "gguf_embedding": gguf_embedding}
