@@ -18,7 +18,7 @@ def load(ref, format: str | None = None, quant: str | None = None, dtype: str | 
 
     :param ref: local file or directory, or a hub repo id (``org/name`` or ``org/name:QUANT``)
     :param format: loader name (default: the loader most confident it reads ``ref``)
-    :param quant: on-the-fly quantization scheme (``"bnb-nf4"``, ...); pre-quantized files pick their own
+    :param quant: on-the-fly quantization scheme (``name`` or ``name:key=value,...``); pre-quantized files pick their own
     :param dtype: ``fp32``/``fp16``/``bf16`` for activations and unquantized weights
         (default fp32 on CPU, the checkpoint's 16-bit dtype on GPU)
     :param device: ``cpu``, ``cuda``, ``cuda:1`` (default cuda if available)

@@ -15,7 +15,7 @@ class ModelArch:
 
     :param name: canonical name (``"llama"``)
     :param aliases: other names it answers to: HF ``architectures`` entries, ``model_type``,
-        GGUF ``general.architecture``
+        the architecture key of a format's own metadata
     :param packed_modules: fused parameter -> the checkpoint modules it packs, in shard order,
         e.g. ``{"qkv_proj": ("q_proj", "k_proj", "v_proj")}``
     :param config_from: HF-vocabulary config dict -> ModelConfig

@@ -59,8 +59,8 @@ def register_architectures(register):
     """Provide model architectures.
 
     :param register: call ``register(arch)`` with a :class:`toolkit.core.arch.ModelArch`:
-        ``name``, ``aliases`` (HF ``architectures`` entries, ``model_type``, GGUF
-        ``general.architecture``), ``packed_modules``, ``config_from(hf_config)`` and
+        ``name``, ``aliases`` (HF ``architectures`` entries, ``model_type``, the architecture
+        key of a format's own metadata), ``packed_modules``, ``config_from(hf_config)`` and
         ``build(config, quant, parallel)``.
 
     Example::
