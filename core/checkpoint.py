@@ -53,6 +53,8 @@ class Checkpoint(Protocol):
     hf_config: dict
     quant_scheme: str | None   # name of the scheme the data needs; None for plain weights
     quant_metadata: Any         # opaque to the core; handed to that scheme's factory
+    # Optional ``params_dtype: torch.dtype``: a checkpoint of in-memory (stored) state pins the dtype
+    # it was saved at; load.py uses it when the caller asked for none.
 
     def tensor_names(self) -> list[str]: ...
 

@@ -103,6 +103,10 @@ class LoadConfig:
     device: torch.device = torch.device("cpu")
     tokenizer: str | None = None
     config_override: str | None = None
+    # The rank this load runs on (set by load.load_local from its ParallelContext), so that
+    # loaders of per-rank files can open the right rank's files and check the tp size.
+    tp_rank: int = 0
+    tp_size: int = 1
 
 
 DTYPES = {"fp32": torch.float32, "float32": torch.float32, "fp16": torch.float16, "float16": torch.float16,

@@ -6,6 +6,7 @@ reference -> Source -> Loader.open -> Checkpoint -> ModelArch.config_from -> Qua
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Callable
 
 import torch
@@ -78,12 +79,20 @@ def _place(model: nn.Module, mapped: MappedName, tensor, context: NameContext, *
     module = model.get_submodule(module_name)
     value = mapped.transform(tensor) if mapped.transform else tensor
     try:
-        if hasattr(module, "load_weight"):
+        if mapped.stored_part is not None:
+            _load_stored(getattr(module, param_name), value, mapped.stored_part)
+        elif hasattr(module, "load_weight"):
             module.load_weight(param_name, value, mapped.shard_id)
         else:
             getattr(module, param_name).load_replicated(value)
     except CheckpointError as exc:
         raise type(exc)(str(exc), file=file, tensor=tensor_name) from exc
+
+
+def _load_stored(param, value, part: str) -> None:
+    if not hasattr(param, "load_stored"):
+        raise CheckpointError(f"a {type(param).__name__} cannot take a stored state (no load_stored)")
+    param.load_stored(value, part=part)
 
 
 def check_complete(model: nn.Module, checkpoint: Checkpoint) -> None:
@@ -96,11 +105,18 @@ def check_complete(model: nn.Module, checkpoint: Checkpoint) -> None:
 
 
 def finish(model: nn.Module) -> None:
+    """Let each layer's scheme process its weights, except layers filled from a stored state
+    (``load_stored``), which were saved already processed."""
     for module in model.modules():
         scheme = module.__dict__.get("scheme")
-        if scheme is not None:
+        if scheme is not None and not _is_stored(module):
             scheme.process_after_loading(module)
     model.eval()
+
+
+def _is_stored(module: nn.Module) -> bool:
+    params = list(module.parameters(recurse=False))
+    return bool(params) and all(getattr(param, "is_stored", False) for param in params)
 
 
 def load_checkpoint(checkpoint: Checkpoint, *, registry: Registry, load_config: LoadConfig, report: LoadReport,
@@ -110,7 +126,9 @@ def load_checkpoint(checkpoint: Checkpoint, *, registry: Registry, load_config: 
     with report.phase("build"):
         arch = registry.architecture(*(hf.get("architectures") or []), hf.get("model_type"))
         config = arch.config_from(hf)
-        dtype = load_config.dtype or default_dtype(config, load_config.device)
+        # a checkpoint holding in-memory state (stored_state) pins the dtype it was saved at
+        dtype = (load_config.dtype or getattr(checkpoint, "params_dtype", None)
+                 or default_dtype(config, load_config.device))
         scheme = choose_scheme(registry, checkpoint, load_config.quant, dtype)
         with torch.device(load_config.device):
             model = arch.build(config, scheme, parallel)
@@ -121,6 +139,7 @@ def load_checkpoint(checkpoint: Checkpoint, *, registry: Registry, load_config: 
     with report.phase("finish"):
         check_complete(model, checkpoint)
         finish(model)
+    report.notes.extend(getattr(scheme, "notes", []))  # what a scheme wants the user to know (e.g. re-quantized)
     report.num_parameters = sum(_logical_numel(p) for p in model.parameters())
     report.parameter_bytes = sum(p.nbytes for p in model.parameters()) + sum(b.nbytes for b in model.buffers())
     return model, arch, config, scheme
@@ -145,6 +164,7 @@ def load_local(reference, load_config: LoadConfig, *, parallel: ParallelContext 
     """Load on this process (one rank). Returns (model, arch, config, scheme, tokenizer, report)."""
     registry = registry or default_registry()
     report = LoadReport()
+    load_config = dataclasses.replace(load_config, tp_rank=parallel.tp_rank, tp_size=parallel.tp_size)
     checkpoint = open_checkpoint(reference, registry=registry, load_config=load_config, report=report)
     try:
         model, arch, config, scheme = load_checkpoint(checkpoint, registry=registry, load_config=load_config,

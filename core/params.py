@@ -9,6 +9,11 @@ with ShardingError a split their blocks cannot express.
 Every parameter answers the same calls, so no layer branches on the scheme:
 ``load_replicated``, ``load_column_parallel``, ``load_row_parallel``,
 ``load_merged_column`` and ``load_qkv``.
+
+The stored-state protocol is the fast path back into a running model: ``stored_state()``
+returns the parameter exactly as it sits in memory (already sharded and processed) as named
+plain tensors, and ``load_stored(tensor, part=...)`` puts each of them back unchanged.
+Subclasses whose memory holds more than ``self.data`` override both.
 """
 from __future__ import annotations
 
@@ -18,7 +23,7 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
-from .errors import ShapeMismatchError, ShardingError
+from .errors import ShapeMismatchError, ShardingError, UnexpectedTensorError
 
 Axis = Literal["output", "input"]
 
@@ -49,6 +54,7 @@ class ModelParameter(nn.Parameter):
         param.output_dim, param.input_dim = output_dim, input_dim
         param.shard_ids = tuple(shard_ids)
         param.loaded_shards = set()
+        param.is_stored = False  # True once filled through load_stored (already processed)
         return param
 
     def __deepcopy__(self, memo):  # nn.Parameter's version drops our attributes
@@ -87,6 +93,31 @@ class ModelParameter(nn.Parameter):
 
     def missing_shards(self) -> set:
         return set(self.shard_ids) - self.loaded_shards
+
+    # ---- stored state: this rank's parameter as it sits in memory --------------------------
+    def stored_state(self) -> dict[str, torch.Tensor]:
+        """Part name -> plain tensor; given back to ``load_stored`` they restore this parameter
+        bit for bit. A plain parameter is one part, ``""``: its local (sharded) data."""
+        return {"": self.data}
+
+    def load_stored(self, loaded: Any, *, part: str = "") -> None:
+        """Put back one part of a ``stored_state()`` saved from an identically built model."""
+        if part != "":
+            raise UnexpectedTensorError(f"a {type(self).__name__} has no stored part {part!r}")
+        source = _as_tensor(loaded)
+        _check_shape(self.data, source, "stored tensor")
+        both_float = source.is_floating_point() and self.data.is_floating_point()
+        if source.dtype != self.data.dtype and not both_float:  # never reinterpret packed integers
+            raise ShapeMismatchError(f"stored tensor is {source.dtype}, the parameter holds {self.data.dtype}")
+        self.data.copy_(source)
+        self.mark_stored()
+
+    def mark_stored(self) -> None:
+        """Record that the parameter holds stored (already processed) state: its layer is not
+        processed again, and no shard is missing. A class with several parts reports parts not yet
+        received through ``missing_shards()``."""
+        self.is_stored = True
+        self.loaded_shards.update(self.shard_ids)
 
     # ---- storage hooks; packed subclasses override these ----------------------------------
     def _dim(self, axis: Axis) -> int | None:

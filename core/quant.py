@@ -39,7 +39,13 @@ class QuantScheme(Protocol):
         """Rows of the layer's [rows, dim] weight for local row indices ``ids``."""
 
     def process_after_loading(self, layer: nn.Module) -> None:
-        """Repack or quantize once every shard of the layer has arrived."""
+        """Repack or quantize once every shard of the layer has arrived. Not called for a layer
+        whose parameters were all restored with ``load_stored`` (they were saved processed).
+
+        Saving a model's in-memory state (per-rank writers) also uses an optional
+        ``stored_metadata() -> JSON-serialisable`` on the scheme: what its factory's
+        ``from_checkpoint`` needs to create parameters in the layout ``stored_state()`` holds.
+        """
 
 
 @runtime_checkable

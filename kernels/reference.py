@@ -71,6 +71,8 @@ def varlen_attention(q, k, v, attn, scale: float, sliding_window=None, softcap=N
 
 def paged_attention(q, k_cache, v_cache, attn, scale: float, sliding_window=None, softcap=None) -> torch.Tensor:
     """New tokens of each sequence attend over that sequence's whole cached context."""
+    if attn.max_query_len == 1:
+        return paged_decode(q, k_cache, v_cache, attn, scale, sliding_window, softcap)
     out = torch.empty_like(q)
     block_size = k_cache.shape[1]
     starts, seq_lens = attn.query_start_loc.tolist(), attn.seq_lens.tolist()
@@ -83,6 +85,26 @@ def paged_attention(q, k_cache, v_cache, attn, scale: float, sliding_window=None
         q_pos = k_pos[context - (end - begin):]
         out[begin:end] = attend(q[begin:end], k, v, q_pos, k_pos, scale, sliding_window, softcap)
     return out
+
+
+def paged_decode(q, k_cache, v_cache, attn, scale: float, sliding_window=None, softcap=None) -> torch.Tensor:
+    """``paged_attention`` when every sequence has exactly one new token: all sequences at once,
+    each over its context gathered from its blocks and padded to the longest (padding masked)."""
+    block_size, groups = k_cache.shape[1], q.shape[1] // k_cache.shape[2]
+    context = int(attn.seq_lens.max())
+    tables = attn.block_tables[:, : (context + block_size - 1) // block_size].long().clamp(min=0)
+    k = k_cache[tables].flatten(1, 2).repeat_interleave(groups, dim=2).float()  # [seqs, context, heads, dim]
+    v = v_cache[tables].flatten(1, 2).repeat_interleave(groups, dim=2).float()
+    scores = torch.einsum("shd,skhd->shk", q.float(), k) * scale
+    if softcap:
+        scores = torch.tanh(scores / softcap) * softcap
+    k_pos = torch.arange(k.shape[1], device=q.device).unsqueeze(0)
+    q_pos = (attn.seq_lens.long() - 1).unsqueeze(1)
+    visible = k_pos <= q_pos
+    if sliding_window:
+        visible &= k_pos > q_pos - sliding_window
+    scores = scores.masked_fill(~visible.unsqueeze(1), float("-inf"))
+    return torch.einsum("shk,skhd->shd", scores.softmax(-1), v).to(q.dtype)
 
 
 @hookimpl

@@ -5,9 +5,10 @@
     m.generate(m.tokenizer.encode("Hello"), max_new_tokens=20)
 """
 from .core.api import load
+from .core.engine import LLM, RequestOutput, SamplingParams
 from .core.errors import ToolkitError
 from .core.hookspecs import hookimpl
 from .core.loaded import LoadedModel
 
-__all__ = ["LoadedModel", "ToolkitError", "hookimpl", "load"]
+__all__ = ["LLM", "LoadedModel", "RequestOutput", "SamplingParams", "ToolkitError", "hookimpl", "load"]
 __version__ = "0.1.0"

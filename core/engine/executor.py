@@ -1,0 +1,79 @@
+"""Where the model runner lives: in this process, or on every rank of a tensor-parallel handle.
+
+The scheduler and sampler stay in the caller's process; each step sends a plain ``StepInput``
+to the runner(s) and gets rank 0's logits back. Under tensor parallelism the rank functions
+below run on every worker through ``ParallelModel.run`` (module-level, so they pickle by name);
+each rank keeps its runners in ``_RUNNERS`` under the engine's id, so several engines may
+share one loaded model (each with its own KV cache).
+"""
+from __future__ import annotations
+
+import uuid
+
+import torch
+
+from .model_runner import ModelRunner, RunnerConfig, StepInput
+
+_RUNNERS: dict[str, ModelRunner] = {}
+
+
+def _rank_start(loaded, engine_id: str, config: RunnerConfig) -> int:
+    """Create this rank's runner; returns the KV blocks all ranks can hold (the minimum over ranks)."""
+    runner = _RUNNERS[engine_id] = ModelRunner(loaded, config)
+    num_blocks = runner.profile_num_blocks()
+    if loaded.parallel.tp_size > 1:  # ranks may see different free memory; block ids must mean the same
+        import torch.distributed as dist  # noqa: PLC0415
+
+        agreed = torch.tensor([num_blocks], dtype=torch.int64, device=loaded.device)
+        dist.all_reduce(agreed, op=dist.ReduceOp.MIN, group=loaded.parallel.group)
+        num_blocks = int(agreed.item())
+    return num_blocks
+
+
+def _rank_allocate(loaded, engine_id: str, num_blocks: int) -> None:
+    _RUNNERS[engine_id].allocate(num_blocks)
+
+
+def _rank_execute(loaded, engine_id: str, step: StepInput):
+    logits = _RUNNERS[engine_id].execute(step)
+    return logits if loaded.parallel.tp_rank == 0 else None  # only rank 0's answer travels back
+
+
+def _rank_close(loaded, engine_id: str) -> None:
+    runner = _RUNNERS.pop(engine_id, None)
+    if runner is not None:
+        runner.close()
+
+
+class LocalExecutor:
+    """The runner in this process (also each rank's own engine under a launcher); logits stay on device."""
+
+    def __init__(self, loaded, config: RunnerConfig):
+        self.loaded, self.engine_id = loaded, uuid.uuid4().hex
+        self.num_blocks = _rank_start(loaded, self.engine_id, config)
+        _rank_allocate(loaded, self.engine_id, self.num_blocks)
+        self.runner = _RUNNERS[self.engine_id]
+
+    def execute(self, step: StepInput) -> torch.Tensor:
+        return self.runner.execute(step)
+
+    def close(self) -> None:
+        _rank_close(self.loaded, self.engine_id)
+
+
+class ParallelExecutor:
+    """One runner per rank of a ParallelModel; logits come back to this process on CPU."""
+
+    def __init__(self, handle, config: RunnerConfig):
+        self.handle, self.engine_id = handle, uuid.uuid4().hex
+        self.num_blocks = handle.run(_rank_start, self.engine_id, config)
+        handle.run(_rank_allocate, self.engine_id, self.num_blocks)
+
+    def execute(self, step: StepInput) -> torch.Tensor:
+        return self.handle.run(_rank_execute, self.engine_id, step)
+
+    def close(self) -> None:
+        try:
+            self.handle.run(_rank_close, self.engine_id)
+        except Exception:  # noqa: BLE001 - the workers may already be gone; nothing to release then
+            pass

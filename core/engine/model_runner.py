@@ -1,0 +1,146 @@
+"""Runs one engine step on one rank: builds the flat batch and its AttentionMetadata, owns the KV
+cache of this rank's Attention layers, and replays CUDA graphs for decode batches.
+
+Everything it receives (``RunnerConfig``, ``StepInput``) is plain picklable data, so under
+tensor parallelism the same step runs on every rank from the parent's description.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..layers.attention import AttentionMetadata
+from . import kv_cache
+from .cuda_graphs import DecodeGraphs
+
+
+@dataclass(frozen=True)
+class RunnerConfig:
+    block_size: int
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    max_model_len: int
+    kv_cache_memory: int | None = None      # bytes; None: sized from free device memory (CPU: fixed default)
+    gpu_memory_utilization: float = 0.9
+    enforce_eager: bool = False             # no CUDA graphs
+
+
+@dataclass
+class StepInput:
+    """One step's batch: for each sequence, its new tokens and where its KV lives.
+
+    :param token_ids: new tokens of every sequence, flattened in sequence order
+    :param query_lens: new tokens per sequence
+    :param starts: tokens already in the cache per sequence (position of its first new token)
+    :param block_tables: KV block ids per sequence
+    :param sample_rows: sequences whose last new token's logits are returned, in this order
+    """
+
+    token_ids: list[int]
+    query_lens: list[int]
+    starts: list[int]
+    block_tables: list[list[int]]
+    sample_rows: list[int]
+
+    @property
+    def is_decode(self) -> bool:
+        return all(n == 1 for n in self.query_lens)
+
+
+class ModelRunner:
+    def __init__(self, loaded, config: RunnerConfig):
+        self.loaded, self.model, self.config = loaded, loaded.model, config
+        self.device = torch.device(loaded.device)
+        self.layers = kv_cache.attention_layers(self.model)
+        self.dtype = kv_cache.cache_dtype(loaded)
+        self.block_bytes = kv_cache.bytes_per_block(self.layers, config.block_size, self.dtype)
+        self.max_blocks_per_seq = -(-config.max_model_len // config.block_size)
+        self.num_blocks = 0
+        self.caches: list[tuple[torch.Tensor, torch.Tensor]] = []  # ours, even while another engine binds its own
+        self.graphs: DecodeGraphs | None = None
+
+    # ---- KV cache ---------------------------------------------------------------------------
+    def profile_num_blocks(self) -> int:
+        """How many KV blocks this rank can hold (an explicit budget, or free device memory)."""
+        budget = self.config.kv_cache_memory
+        if budget is None and self.device.type == "cuda":
+            budget = kv_cache.cuda_budget(self.device, self.config.gpu_memory_utilization, self._activation_peak())
+        elif budget is None:
+            budget = kv_cache.CPU_DEFAULT_KV_BYTES
+        most_useful = self.config.max_num_seqs * self.max_blocks_per_seq + 1
+        return int(min(budget // self.block_bytes, most_useful))
+
+    @torch.inference_mode()
+    def _activation_peak(self) -> int:
+        """Memory a full-budget prefill needs beyond the weights, measured with a dummy batch."""
+        tokens = min(self.config.max_num_batched_tokens, self.config.max_model_len)
+        blocks = -(-tokens // self.config.block_size)
+        self.caches = kv_cache.allocate(self.layers, blocks, self.config.block_size, self.dtype, self.device)
+        torch.cuda.synchronize(self.device)
+        torch.cuda.reset_peak_memory_stats(self.device)
+        before = torch.cuda.memory_allocated(self.device)
+        self.execute(StepInput([0] * tokens, [tokens], [0], [list(range(blocks))], [0]), graphs=False)
+        torch.cuda.synchronize(self.device)
+        peak = torch.cuda.max_memory_allocated(self.device) - before
+        kv_cache.unbind(self.layers, self.caches)
+        self.caches = []
+        torch.cuda.empty_cache()
+        return peak
+
+    def allocate(self, num_blocks: int) -> None:
+        """Bind the KV cache and, on CUDA, capture the decode graphs that read it."""
+        self.num_blocks = num_blocks
+        self.caches = kv_cache.allocate(self.layers, num_blocks, self.config.block_size, self.dtype, self.device)
+        kv_cache.bind(self.layers, self.caches)
+        if self.device.type == "cuda" and not self.config.enforce_eager:
+            self.graphs = DecodeGraphs(self, max_batch_size=self.config.max_num_seqs)
+            self.graphs.capture()
+
+    def close(self) -> None:
+        self.graphs = None
+        kv_cache.unbind(self.layers, self.caches)
+        self.caches = []
+
+    # ---- one step ---------------------------------------------------------------------------
+    @torch.inference_mode()
+    def execute(self, step: StepInput, graphs: bool = True) -> torch.Tensor:
+        """Logits [len(step.sample_rows), vocab] for the last new token of each sampling sequence."""
+        if not kv_cache.is_bound(self.layers, self.caches):  # another engine on this model bound its own
+            kv_cache.bind(self.layers, self.caches)
+        if graphs and self.graphs is not None and self.graphs.can_run(step):
+            logits = self.graphs.run(step)
+        else:
+            input_ids, positions, attn = self.prepare(step)
+            hidden = self.model(input_ids, positions, attn)
+            last = attn.query_start_loc[1:].long() - 1
+            logits = self.model.compute_logits(hidden[last[self._tensor(step.sample_rows)]])
+        return logits
+
+    def prepare(self, step: StepInput) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
+        """Flat input ids and positions, and the metadata that tells attention where KV lives."""
+        query_lens = torch.tensor(step.query_lens, dtype=torch.int64)
+        starts = torch.tensor(step.starts, dtype=torch.int64)
+        query_start_loc = torch.zeros(len(step.query_lens) + 1, dtype=torch.int64)
+        torch.cumsum(query_lens, 0, out=query_start_loc[1:])
+        seq_index = torch.repeat_interleave(torch.arange(len(step.query_lens)), query_lens)
+        positions = torch.arange(len(step.token_ids)) - query_start_loc[seq_index] + starts[seq_index]
+        block_tables = self.block_table_tensor(step.block_tables)
+        slots = (block_tables[seq_index, positions // self.config.block_size].long() * self.config.block_size
+                 + positions % self.config.block_size)
+        seq_lens = starts + query_lens
+        attn = AttentionMetadata(
+            query_start_loc=self._tensor(query_start_loc, torch.int32), seq_lens=self._tensor(seq_lens, torch.int32),
+            slot_mapping=self._tensor(slots), block_tables=self._tensor(block_tables),
+            max_query_len=max(step.query_lens), max_seq_len=int(seq_lens.max()))
+        return self._tensor(step.token_ids), self._tensor(positions), attn
+
+    @staticmethod
+    def block_table_tensor(block_tables: list[list[int]], width: int | None = None) -> torch.Tensor:
+        width = width or max(len(t) for t in block_tables)
+        return torch.tensor([t + [-1] * (width - len(t)) for t in block_tables], dtype=torch.int32)
+
+    def _tensor(self, data, dtype: torch.dtype = torch.int64) -> torch.Tensor:
+        if isinstance(data, torch.Tensor):
+            return data.to(device=self.device, dtype=dtype, non_blocking=True)
+        return torch.tensor(data, dtype=dtype, device=self.device)

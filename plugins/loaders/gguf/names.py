@@ -1,0 +1,122 @@
+"""GGUF tensor names -> model parameters, one table per architecture, with value transforms.
+
+llama.cpp names tensors ``token_embd.weight``, ``blk.{i}.attn_q.weight``, ``output_norm.weight``...
+A table maps each leaf to its Hugging Face module; ``split_packed`` then fuses q/k/v and gate/up
+as the architecture declares. Values that llama.cpp's converter changed are changed back here,
+never in a model file:
+
+* Llama-family q/k rows are stored in an interleaved rotary order; a row permutation undoes it
+  (GGUF rows are independent, so this is a permutation of packed rows: no dequantizing).
+* Gemma norms are stored as ``1 + w``; the model takes ``w``.
+* Norms and biases become plain tensors; every other weight stays a packed GGUFTensor.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any, Callable, Mapping
+
+import torch
+
+from toolkit.core.names import MappedName, NameContext, split_packed
+
+from .tensor import GGUFTensor
+
+GLOBAL_LEAVES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
+LAYER_LEAVES = {
+    "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj", "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm",
+    "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
+    "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
+}
+# Gemma 3 norms around both sublayers: llama.cpp's ffn_norm is the pre-feedforward one there.
+GEMMA3_LAYER_LEAVES = {**LAYER_LEAVES, "ffn_norm": "pre_feedforward_layernorm",
+                       "post_attention_norm": "post_attention_layernorm", "post_ffw_norm": "post_feedforward_layernorm"}
+# Tensors llama.cpp writes that no parameter takes: precomputed rope frequency factors.
+IGNORED = frozenset({"rope_freqs.weight"})
+
+_NAME = re.compile(r"^(?:blk\.(?P<layer>\d+)\.)?(?P<leaf>[A-Za-z0-9_]+)\.(?P<kind>weight|bias)$")
+
+
+@dataclass(frozen=True)
+class GGUFNameMap:
+    """The name map of one architecture.
+
+    :param leaves: GGUF leaf -> HF module path inside ``model.layers.{i}`` (layer tensors)
+    :param norm_offset: what llama.cpp added to norm weights (Gemma: 1.0)
+    :param rope_interleaved: q/k rows use llama.cpp's interleaved rotary order (Llama)
+    """
+
+    architecture: str
+    leaves: Mapping[str, str] = field(default_factory=lambda: LAYER_LEAVES)
+    norm_offset: float = 0.0
+    rope_interleaved: bool = False
+    format: str = "gguf"
+
+    def map(self, name: str, context: NameContext) -> MappedName | None:
+        if name in IGNORED:
+            return None
+        match = _NAME.match(name)
+        hf = self._hf_name(match) if match else None
+        if hf is None:  # the pipeline reports it as a tensor no parameter takes
+            return MappedName(name)
+        canonical, shard_id = split_packed(hf, context.arch.packed_modules)
+        return MappedName(canonical, shard_id, self._transform(match["leaf"], match["kind"], context))
+
+    def _hf_name(self, match: re.Match) -> str | None:
+        leaf, kind, layer = match["leaf"], match["kind"], match["layer"]
+        if layer is None:
+            return f"{GLOBAL_LEAVES[leaf]}.{kind}" if leaf in GLOBAL_LEAVES else None
+        return f"model.layers.{layer}.{self.leaves[leaf]}.{kind}" if leaf in self.leaves else None
+
+    def _transform(self, leaf: str, kind: str, context: NameContext) -> Callable[[Any], Any] | None:
+        steps: list[Callable[[Any], Any]] = []
+        is_norm = leaf.endswith("norm")
+        if is_norm or kind == "bias":  # the model holds these as plain tensors
+            steps.append(to_dense)
+        if is_norm and self.norm_offset:
+            steps.append(partial(_subtract, offset=self.norm_offset))
+        if self.rope_interleaved and leaf in ("attn_q", "attn_k"):
+            heads = context.config.num_heads if leaf == "attn_q" else context.config.num_kv_heads
+            steps.append(partial(unpermute_rotary_rows, num_heads=heads))
+        return _chain(steps) if steps else None
+
+
+def to_dense(tensor: Any) -> torch.Tensor:
+    return tensor.to_dense() if isinstance(tensor, GGUFTensor) else tensor
+
+
+def _subtract(tensor: torch.Tensor, *, offset: float) -> torch.Tensor:
+    return tensor.float() - offset  # in fp32, before any cast to the model dtype
+
+
+def rotary_row_order(rows: int, num_heads: int) -> torch.Tensor:
+    """Source row for each model row: llama.cpp stores head h's rows as pairs (i, i + half)
+    interleaved; the model wants each head's first halves, then its second halves."""
+    return torch.arange(rows).view(num_heads, rows // num_heads // 2, 2).transpose(1, 2).reshape(-1)
+
+
+def unpermute_rotary_rows(tensor: Any, *, num_heads: int) -> Any:
+    """Undo llama.cpp's q/k row permutation on packed rows (GGUFTensor) or a plain tensor."""
+    order = rotary_row_order(tensor.shape[0], num_heads)  # biases arrive here already dense
+    if isinstance(tensor, GGUFTensor):
+        return tensor.with_data(tensor.data.index_select(0, order))
+    return tensor.index_select(0, order)
+
+
+def _chain(steps: list[Callable[[Any], Any]]) -> Callable[[Any], Any]:
+    def apply(value: Any) -> Any:
+        for step in steps:
+            value = step(value)
+        return value
+
+    return apply
+
+
+NAME_MAPS = (
+    GGUFNameMap("llama", rope_interleaved=True),
+    GGUFNameMap("qwen2"),
+    GGUFNameMap("qwen3"),
+    GGUFNameMap("gemma3", leaves=GEMMA3_LAYER_LEAVES, norm_offset=1.0),
+)

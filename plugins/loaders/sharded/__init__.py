@@ -1,0 +1,28 @@
+"""Sharded state: a loaded model saved per tensor-parallel rank exactly as it sits in memory
+(already sharded, already quantized) and loaded back at the same tp with no name mapping,
+re-sharding or re-quantizing: the fastest path into a running model.
+
+``registry.loader("sharded").save(loaded_model, dest, options)`` writes it;
+``toolkit.load(dest, tp=N)`` reads it. Parameters take part through the stored-state
+protocol (``stored_state()`` / ``load_stored()``, see ``toolkit.core.params``).
+"""
+from toolkit.core.hookspecs import hookimpl
+
+from .checkpoint import ShardedCheckpoint
+from .errors import ChecksumMismatchError, TensorParallelMismatchError
+from .loader import ShardedLoader
+from .stored import StoredNameMap
+from .writer import ShardedSaveOptions
+
+__all__ = ["ChecksumMismatchError", "ShardedCheckpoint", "ShardedLoader", "ShardedSaveOptions",
+           "TensorParallelMismatchError"]
+
+
+@hookimpl
+def register_loaders(register):
+    register(ShardedLoader())
+
+
+@hookimpl
+def register_name_maps(register):
+    register(StoredNameMap(format="sharded"))

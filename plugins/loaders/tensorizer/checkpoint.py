@@ -1,0 +1,112 @@
+"""A tensorizer stored state read back as a Checkpoint: the loading rank's file, streamed.
+
+Same contract as the sharded checkpoint (identity names, ``load_stored``, tp checked when
+tensors are first asked for); integrity comes from tensorizer's own per-tensor hashes
+(``verify_hash``) and, when encrypted, from its authenticated encryption.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Iterator
+
+import torch
+
+from toolkit.core.checkpoint import CheckpointSummary, TensorInfo
+from toolkit.core.errors import CheckpointError, CorruptFileError
+from toolkit.plugins.loaders.sharded import manifest
+from toolkit.plugins.loaders.sharded.errors import ChecksumMismatchError
+from toolkit.plugins.loaders.sharded.stored import dtype_name, load_tokenizer, parse_dtype
+
+from .crypt import Key, decryption_params
+from .writer import MANIFEST, TAG
+
+
+class DecryptionError(CheckpointError):
+    """An encrypted state opened without its key, or with the wrong one."""
+
+
+class TensorizerCheckpoint:
+    format = "tensorizer"
+
+    def __init__(self, folder: Path, *, tp_rank: int, tp_size: int, device: torch.device,
+                 key: Key | None = None, verify_hash: bool = False):
+        self.folder, self.tp_rank, self.tp_size, self.device = folder, tp_rank, tp_size, device
+        self.key, self.verify_hash = key, verify_hash
+        self.manifest_path = folder / MANIFEST
+        self.manifest = manifest.read(self.manifest_path, TAG)
+        self.hf_config: dict = self.manifest["hf_config"]
+        self.quant_scheme: str | None = self.manifest["quant_scheme"]
+        self.quant_metadata: Any = self.manifest.get("quant_metadata")
+        try:
+            self.params_dtype = parse_dtype(self.manifest["params_dtype"])
+        except ValueError as exc:
+            raise CorruptFileError(str(exc), file=str(self.manifest_path)) from exc
+        own = self.manifest["ranks"].get(str(tp_rank), {}).get("files", [])
+        self.files = (self.manifest_path, *(folder / name for name in own))
+
+    def _entry(self) -> dict[str, Any]:
+        return manifest.rank_entry(self.manifest, tp_rank=self.tp_rank, tp_size=self.tp_size,
+                                   path=self.manifest_path)
+
+    def tensor_names(self) -> list[str]:
+        return [record["name"] for record in self._entry()["tensors"]]
+
+    def read_tensors(self) -> Iterator[tuple[str, str, torch.Tensor]]:
+        entry = self._entry()
+        if self.manifest.get("encrypted") and self.key is None:
+            raise DecryptionError("this state is encrypted; set TOOLKIT_TENSORIZER_KEY (passphrase) or "
+                                  "TOOLKIT_TENSORIZER_KEY_FILE (raw key)", file=str(self.manifest_path))
+        expected = {record["name"]: record for record in entry["tensors"]}
+        for file_name in entry["files"]:
+            path = self.folder / file_name
+            for name, tensor in _deserialize(path, self.device, self.key, self.verify_hash):
+                _check_record(expected.pop(name, None), name, tensor, path)
+                yield name, str(path), tensor
+        if expected:
+            raise CorruptFileError(f"{len(expected)} tensors listed in the manifest are missing from the files",
+                                   file=str(self.folder), tensor=next(iter(expected)))
+
+    def tokenizer(self):
+        return load_tokenizer(self.folder, self.manifest.get("tokenizer_files") or [])
+
+    def summary(self) -> CheckpointSummary:
+        metadata = {key: value for key, value in self.manifest.items() if key not in ("ranks", "hf_config")}
+        tensors = [TensorInfo(r["name"], tuple(r["shape"]), r["dtype"], 0, r["file"])
+                   for rank in sorted(self.manifest["ranks"], key=int) for r in self.manifest["ranks"][rank]["tensors"]]
+        return CheckpointSummary(format=self.format, architecture=self.manifest["architecture"],
+                                 metadata=dict(metadata, **self.hf_config), tensors=tensors)
+
+    def close(self) -> None:
+        return None
+
+
+def _deserialize(path: Path, device: torch.device, key: Key | None, verify_hash: bool):
+    """(name, tensor) pairs streamed from one tensorizer file; library errors become typed ones."""
+    from tensorizer import TensorDeserializer  # noqa: PLC0415 - optional dependency
+    from tensorizer.serialization import CryptographyError, HashMismatchError  # noqa: PLC0415
+
+    try:
+        # one reader thread with a passphrase: tensorizer caches the derived key, but concurrent readers
+        # each derive it (Argon2id, ~1 s and 256 MiB apiece) before the cache is filled
+        readers = 1 if isinstance(key, str) else None
+        deserializer = TensorDeserializer(str(path), device=device, lazy_load=True, verify_hash=verify_hash,
+                                          encryption=decryption_params(key), num_readers=readers)
+        with deserializer:
+            for _module, _kind, name, tensor in deserializer.read_tensors():
+                yield name, tensor
+    except HashMismatchError as exc:
+        raise ChecksumMismatchError(f"tensorizer hash verification failed: {exc}", file=str(path)) from exc
+    except CryptographyError as exc:
+        raise DecryptionError(f"cannot decrypt (wrong key, or the file was modified): {exc}",
+                              file=str(path)) from exc
+    except (OSError, ValueError, EOFError) as exc:
+        raise CorruptFileError(f"not a readable tensorizer file: {exc}", file=str(path)) from exc
+
+
+def _check_record(record: dict[str, Any] | None, name: str, tensor: torch.Tensor, path: Path) -> None:
+    if record is None:
+        raise CorruptFileError("tensor is not listed in the manifest for this rank", file=str(path), tensor=name)
+    found = (dtype_name(tensor.dtype), list(tensor.shape))
+    if found != (record["dtype"], list(record["shape"])):
+        raise ChecksumMismatchError(f"tensor is {found[0]} {found[1]}, the manifest recorded "
+                                    f"{record['dtype']} {record['shape']}", file=str(path), tensor=name)

@@ -1,0 +1,43 @@
+"""Kernel-runtime ops backed by bitsandbytes, which itself dispatches to its CPU or CUDA backend.
+
+``bnb_4bit_matmul(x, packed, quant_state, bias)`` and ``bnb_int8_matmul(x, data, scb, threshold, bias)``
+compute ``x @ W.T (+ bias)`` exactly as bitsandbytes' ``Linear4bit`` / ``Linear8bitLt`` do, so
+logits match transformers' bitsandbytes path. Registered for ``device="any"``; a faster
+kernel (say, a fused Triton NF4 GEMM) can register for CUDA with a higher priority.
+"""
+from __future__ import annotations
+
+import logging
+
+import bitsandbytes as bnb
+import torch
+from bitsandbytes.autograd._functions import MatmulLtState
+
+
+class _DropFp16CastWarning(logging.Filter):
+    """bitsandbytes logs a warning on *every* int8 matmul whose input is not fp16; the cast is by design."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "inputs will be cast from" not in record.getMessage()
+
+
+logging.getLogger("bitsandbytes.autograd._functions").addFilter(_DropFp16CastWarning())
+
+
+def bnb_4bit_matmul(x: torch.Tensor, packed: torch.Tensor, quant_state, bias: torch.Tensor | None = None):
+    """``x @ dequantize_4bit(packed, quant_state).T + bias`` through ``bitsandbytes.matmul_4bit``."""
+    return bnb.matmul_4bit(x, packed.view(-1, 1), quant_state=quant_state, bias=bias)
+
+
+def bnb_int8_matmul(x: torch.Tensor, data: torch.Tensor, scb: torch.Tensor, threshold: float,
+                    bias: torch.Tensor | None = None):
+    """LLM.int8 ``x @ (data * scb / 127).T + bias``, outlier columns above ``threshold`` in 16-bit."""
+    state = MatmulLtState()
+    state.CB, state.SCB, state.threshold = data, scb, threshold
+    state.has_fp16_weights, state.is_training = False, False
+    return bnb.matmul(x, data, bias=bias, state=state)
+
+
+def register_ops(register) -> None:
+    register("bnb_4bit_matmul", bnb_4bit_matmul, device="any")
+    register("bnb_int8_matmul", bnb_int8_matmul, device="any")

@@ -1,0 +1,133 @@
+"""The bitsandbytes schemes: 4-bit NF4/FP4 and LLM.int8, on the fly or from a pre-quantized checkpoint.
+
+Names: ``bnb-nf4``, ``bnb-fp4``, ``bnb-int8`` for on-the-fly quantization (``--quant``), and
+``bnb`` for checkpoints saved with transformers' ``BitsAndBytesConfig`` (their
+``quantization_config`` decides which). Linear layers get self-sharding quantized parameters;
+embeddings, the LM head and skipped modules stay in full precision, as in transformers.
+"""
+from __future__ import annotations
+
+import re
+
+import torch
+from torch import nn
+
+from toolkit.kernels import runtime
+
+from .dense import DenseScheme
+from .layout import Layout
+from .notes import NoteLog
+from .options import FourBitOptions, Int8Options, from_quantization_config, parse_spec
+from .params4 import Bnb4bitParameter
+from .params8 import Bnb8bitParameter
+
+CHECKPOINT_SCHEME = "bnb"
+SPEC_NAMES = ("bnb-nf4", "bnb-fp4", "bnb-int8")
+
+
+class _BnbScheme:
+    """What the 4-bit and 8-bit schemes share: layer choice, notes, the dense fallback."""
+
+    def __init__(self, options, params_dtype: torch.dtype, *, prequantized: bool):
+        self.options, self.params_dtype, self.prequantized = options, params_dtype, prequantized
+        self.log = NoteLog()
+        self.dense = DenseScheme(params_dtype)
+
+    @property
+    def notes(self) -> list[str]:
+        """Lines for the load report (re-quantized slices and similar); read by the load pipeline."""
+        return self.log.lines()
+
+    def scheme_for(self, *, layer_kind: str, prefix: str):
+        if layer_kind != "linear" or _is_skipped(prefix, self.options.skip_modules):
+            return self.dense
+        return self
+
+    def create_weights(self, layer: nn.Module, *, input_size_per_partition: int, output_partition_sizes: list[int],
+                       input_size: int, output_size: int) -> None:
+        layout = Layout.of(layer, input_size_per_partition=input_size_per_partition,
+                           output_partition_sizes=output_partition_sizes, input_size=input_size,
+                           output_size=output_size, dtype=self.params_dtype, prequantized=self.prequantized,
+                           log=self.log)
+        layer.weight = self.parameter_class.empty(layout, self.options, layer.shard_ids)
+
+    def stored_metadata(self) -> dict:
+        """What ``BnbFactory.from_checkpoint`` needs to rebuild this scheme for a stored (sharded) model."""
+        return self.hf_quantization_config()
+
+    def embed(self, layer: nn.Module, ids: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError("bitsandbytes leaves embeddings unquantized (scheme_for returns the dense scheme)")
+
+    def process_after_loading(self, layer: nn.Module) -> None:
+        return None  # every segment is quantized as it arrives
+
+
+class Bnb4bitScheme(_BnbScheme):
+    options: FourBitOptions
+    parameter_class = Bnb4bitParameter
+
+    @property
+    def name(self) -> str:
+        return CHECKPOINT_SCHEME if self.prequantized else f"bnb-{self.options.quant_type}"
+
+    def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        x = x.to(self.params_dtype)
+        segments = layer.weight.segments()
+        if len(segments) == 1:
+            return runtime.call("bnb_4bit_matmul", x, *segments[0], bias)
+        out = torch.cat([runtime.call("bnb_4bit_matmul", x, packed, state, None) for packed, state in segments], -1)
+        return out if bias is None else out + bias
+
+    def hf_quantization_config(self) -> dict:
+        """``quantization_config`` for a checkpoint of this model that transformers loads."""
+        return {"quant_method": "bitsandbytes", "load_in_4bit": True, "load_in_8bit": False,
+                "bnb_4bit_quant_type": self.options.quant_type,
+                "bnb_4bit_use_double_quant": self.options.double_quant,
+                "bnb_4bit_compute_dtype": _dtype_name(self.params_dtype), "bnb_4bit_quant_storage": "uint8",
+                "llm_int8_skip_modules": list(self.options.skip_modules) or None}
+
+
+class Bnb8bitScheme(_BnbScheme):
+    options: Int8Options
+    parameter_class = Bnb8bitParameter
+
+    @property
+    def name(self) -> str:
+        return CHECKPOINT_SCHEME if self.prequantized else "bnb-int8"
+
+    def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        weight = layer.weight
+        return runtime.call("bnb_int8_matmul", x.to(self.params_dtype), weight.data, weight.scb,
+                            self.options.threshold, bias)
+
+    def hf_quantization_config(self) -> dict:
+        return {"quant_method": "bitsandbytes", "load_in_8bit": True, "load_in_4bit": False,
+                "llm_int8_threshold": self.options.threshold, "llm_int8_has_fp16_weight": False,
+                "llm_int8_skip_modules": list(self.options.skip_modules) or None}
+
+
+class BnbFactory:
+    """Registered under ``bnb`` (pre-quantized checkpoints) and the on-the-fly spec names."""
+
+    names = (CHECKPOINT_SCHEME, *SPEC_NAMES)
+
+    def from_checkpoint(self, quant_metadata, *, params_dtype: torch.dtype):
+        return _make(from_quantization_config(quant_metadata), params_dtype, prequantized=True)
+
+    def from_spec(self, spec: str, *, params_dtype: torch.dtype):
+        return _make(parse_spec(spec), params_dtype, prequantized=False)
+
+
+def _make(options, params_dtype: torch.dtype, *, prequantized: bool):
+    scheme = Bnb8bitScheme if isinstance(options, Int8Options) else Bnb4bitScheme
+    return scheme(options, params_dtype, prequantized=prequantized)
+
+
+def _is_skipped(prefix: str, patterns: tuple[str, ...]) -> bool:
+    """transformers' rule for ``llm_int8_skip_modules``: a module-boundary prefix/regex match, or a suffix."""
+    boundary = r"(?:(?<=\.)|(?=\.|$))"
+    return any(re.match(rf"(?:{pattern}){boundary}", prefix) or prefix.endswith(pattern) for pattern in patterns)
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")

@@ -1,0 +1,225 @@
+"""GGUFParameter: a weight kept as the file's packed GGUF rows, sharding itself.
+
+A logical ``[rows, cols]`` weight is stored as uint8 rows of GGUF blocks. Sharding never
+dequantizes:
+
+* an output-dim split (column-parallel, merged, qkv, vocab rows) takes whole packed rows;
+* an input-dim split (row-parallel) takes a byte range of every row, which exists only when the
+  split falls on block boundaries; otherwise ShardingError names the offending numbers.
+
+A fused parameter (qkv_proj, gate_up_proj) may receive shards of different quant types
+(Q4_K_M files mix Q4_K and Q6_K), so the storage is a list of *segments*: consecutive output
+rows sharing one type. The type is known only when a tensor arrives, so shards are held (as
+views of the memory-mapped file) until the last one arrives; ``finalize`` then copies them,
+once, into ``self.data``: one flat uint8 buffer on the parameter's device.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from toolkit.core.errors import ShapeMismatchError, ShardingError, UnexpectedTensorError, UnsupportedQuantTypeError
+from toolkit.core.params import ModelParameter, Placement
+from toolkit.kernels.gguf import block_size, bytes_per_row, is_supported, type_name, type_size
+
+SEGMENT_FIELDS = 5  # row_start, rows, qtype, byte_offset, row_bytes
+
+
+@dataclass(frozen=True)
+class Segment:
+    """Output rows ``[row_start, row_start + rows)`` stored as ``qtype`` rows of ``row_bytes``
+    bytes, at ``byte_offset`` in the parameter's flat buffer."""
+
+    row_start: int
+    rows: int
+    qtype: int
+    byte_offset: int
+    row_bytes: int
+
+    @property
+    def nbytes(self) -> int:
+        return self.rows * self.row_bytes
+
+
+class GGUFParameter(ModelParameter):
+    """Packed GGUF storage for a logical ``[rows, cols]`` weight (output dim 0, input dim 1)."""
+
+    def __new__(cls, data: torch.Tensor, *, output_dim: int | None = 0, input_dim: int | None = 1,
+                shard_ids: tuple[int | None, ...] = (None,), logical_shape: tuple[int, int] = (0, 0)):
+        param = super().__new__(cls, data, output_dim=output_dim, input_dim=input_dim, shard_ids=shard_ids)
+        param.logical_shape = tuple(int(d) for d in logical_shape)
+        param.pending = {}  # (row_start) -> (qtype, uint8 rows) until finalize
+        param.segments = ()
+        return param
+
+    @classmethod
+    def empty(cls, rows: int, cols: int, *, shard_ids: tuple[int | None, ...]) -> "GGUFParameter":
+        """A parameter with no bytes yet, on the current default device (the layer's device)."""
+        return cls(torch.empty(0, dtype=torch.uint8), shard_ids=shard_ids, logical_shape=(rows, cols))
+
+    def __deepcopy__(self, memo):
+        copied = type(self)(self.data.clone(), shard_ids=self.shard_ids, logical_shape=self.logical_shape)
+        copied.pending = {k: (q, d.clone()) for k, (q, d) in self.pending.items()}
+        copied.segments, copied.loaded_shards = self.segments, set(self.loaded_shards)
+        return copied
+
+    def __reduce_ex__(self, protocol):
+        self.finalize()
+        return (_rebuild, (type(self), self.data, self.shard_ids, self.logical_shape, self.segments,
+                           self.loaded_shards))
+
+    @property
+    def logical_numel(self) -> int:
+        return self.logical_shape[0] * self.logical_shape[1]
+
+    # ---- storage hooks (the load_* calls of ModelParameter end here) ------------------------
+    def _local_size(self, axis) -> int:
+        return self.logical_shape[0] if axis == "output" else self.logical_shape[1]
+
+    def load_replicated(self, loaded: Any) -> None:
+        super().load_replicated(loaded)
+        self.finalize()
+
+    def _store_whole(self, loaded: Any) -> None:
+        tensor = self._check(loaded)
+        if tuple(tensor.shape) != self.logical_shape:
+            raise ShapeMismatchError(f"shape mismatch for whole tensor: model expects {self.logical_shape}, "
+                                     f"checkpoint has {tuple(tensor.shape)}")
+        self._keep(0, tensor.qtype, tensor.data)
+
+    def _load_placed(self, loaded: Any, placement: Placement) -> None:
+        tensor = self._check(loaded)
+        if placement.axis == "output":
+            self._load_rows(tensor, placement)
+        else:
+            self._load_columns(tensor, placement)
+        self.loaded_shards.add(placement.shard_id)
+        if not self.missing_shards():
+            self.finalize()
+
+    def _load_rows(self, tensor, placement: Placement) -> None:
+        rows, cols = _matrix_shape(tensor)
+        if cols != self.logical_shape[1] or placement.source_start + placement.size > rows:
+            raise ShapeMismatchError(f"needs rows [{placement.source_start}, {placement.source_start + placement.size})"
+                                     f" of {self.logical_shape[1]} columns, the checkpoint tensor is {rows} x {cols}")
+        if placement.dest_offset + placement.size > self.logical_shape[0]:
+            raise ShapeMismatchError(f"rows [{placement.dest_offset}, {placement.dest_offset + placement.size}) "
+                                     f"do not fit a parameter of {self.logical_shape[0]} rows")
+        data = tensor.data.narrow(0, placement.source_start, placement.size)
+        self._keep(placement.dest_offset, tensor.qtype, data)
+
+    def _load_columns(self, tensor, placement: Placement) -> None:
+        rows, cols = _matrix_shape(tensor)
+        start, size, block = placement.source_start, placement.size, block_size(tensor.qtype)
+        if rows != self.logical_shape[0] or start + size > cols or size != self.logical_shape[1]:
+            raise ShapeMismatchError(f"needs columns [{start}, {start + size}) of {self.logical_shape[0]} rows, "
+                                     f"the checkpoint tensor is {rows} x {cols}")
+        if start % block or size % block:
+            raise ShardingError(f"tensor-parallel split of the input dimension at columns [{start}, {start + size}) "
+                                f"cuts {type_name(tensor.qtype)} blocks of {block} elements; use a tp size that "
+                                f"divides {cols // block} blocks per row")
+        first, count = start // block * type_size(tensor.qtype), size // block * type_size(tensor.qtype)
+        self._keep(0, tensor.qtype, tensor.data.narrow(1, first, count))
+
+    def _check(self, loaded: Any):
+        if not hasattr(loaded, "qtype") or not hasattr(loaded, "data"):
+            raise ShapeMismatchError(f"a packed GGUF parameter got {type(loaded).__name__}, not a GGUF tensor")
+        if not is_supported(loaded.qtype):
+            # the load pipeline adds the file and tensor name to the message
+            raise UnsupportedQuantTypeError(f"GGUF quantization type {type_name(loaded.qtype)} is not supported "
+                                            f"by the gguf kernels")
+        return loaded
+
+    def _keep(self, row_start: int, qtype: int, data: torch.Tensor) -> None:
+        """Hold the rows (usually a view of the file's map) until finalize copies them in."""
+        self.pending[row_start] = (qtype, data)
+
+    # ---- after loading --------------------------------------------------------------------
+    def finalize(self) -> None:
+        """Pack pending shards into ``self.data`` with one copy; runs of equal type become one segment."""
+        if not self.pending:
+            return
+        runs = _merge_runs(self._pieces())
+        segments, offset = [], 0
+        for start, qtype, parts in runs:
+            rows = sum(part.shape[0] for part in parts)
+            segments.append(Segment(start, rows, qtype, offset, parts[0].shape[1]))
+            offset += rows * parts[0].shape[1]
+        flat = torch.empty(offset, dtype=torch.uint8, device=self.data.device)
+        for segment, (_, _, parts) in zip(segments, runs):
+            _copy_rows(flat, segment, parts)
+        self.data, self.segments, self.pending = flat, tuple(segments), {}
+
+    def _pieces(self) -> list[tuple[int, int, torch.Tensor]]:
+        """(row_start, qtype, rows) in row order: pending shards, plus packed segments they do not
+        replace (rows that arrive after an earlier finalize). A rank owning no real rows (vocab
+        padding) has nothing to store."""
+        pieces = [(start, qtype, data) for start, (qtype, data) in self.pending.items() if data.shape[0]]
+        pieces += [(s.row_start, s.qtype, self.segment_data(s)) for s in self.segments
+                   if s.row_start not in self.pending]
+        return sorted(pieces, key=lambda piece: piece[0])
+
+    def segment_data(self, segment: Segment) -> torch.Tensor:
+        """uint8 ``[rows, row_bytes]`` view of one segment."""
+        return self.data.narrow(0, segment.byte_offset, segment.nbytes).view(segment.rows, segment.row_bytes)
+
+    def packed_segments(self) -> list[tuple[Segment, torch.Tensor]]:
+        self.finalize()
+        return [(segment, self.segment_data(segment)) for segment in self.segments]
+
+    # ---- stored state (tensorizer-style save/restore of the processed parameter) ---------
+    def stored_state(self) -> dict[str, torch.Tensor]:
+        self.finalize()
+        table = torch.tensor([[s.row_start, s.rows, s.qtype, s.byte_offset, s.row_bytes] for s in self.segments],
+                             dtype=torch.int64).reshape(-1, SEGMENT_FIELDS)
+        return {"": self.data, "segments": table}
+
+    def load_stored(self, loaded: Any, *, part: str = "") -> None:
+        if part == "":
+            self.data = loaded.to(device=self.data.device, dtype=torch.uint8).reshape(-1).clone()
+        elif part == "segments":
+            self.segments = tuple(Segment(*map(int, row)) for row in loaded.reshape(-1, SEGMENT_FIELDS).tolist())
+        else:
+            raise UnexpectedTensorError(f"a GGUFParameter has no stored part {part!r}")
+        self.pending = {}
+        self.mark_stored()
+
+
+def _merge_runs(pieces: list[tuple[int, int, torch.Tensor]]) -> list[tuple[int, int, list[torch.Tensor]]]:
+    """Adjacent pieces of one type (and row width) grouped, so a uniform qkv is one segment (one matmul)."""
+    runs: list[tuple[int, int, list[torch.Tensor]]] = []
+    for start, qtype, data in pieces:
+        if runs:
+            run_start, run_type, run_data = runs[-1]
+            end = run_start + sum(d.shape[0] for d in run_data)
+            if run_type == qtype and end == start and run_data[0].shape[1] == data.shape[1]:
+                run_data.append(data)
+                continue
+        runs.append((start, qtype, [data]))
+    return runs
+
+
+def _copy_rows(flat: torch.Tensor, segment: Segment, parts: list[torch.Tensor]) -> None:
+    """The only copy of the bytes: from the file's map (or an older buffer) into the segment."""
+    row = 0
+    for part in parts:
+        target = flat.narrow(0, segment.byte_offset + row * segment.row_bytes, part.numel())
+        target.view(part.shape).copy_(part)
+        row += part.shape[0]
+
+
+def _matrix_shape(tensor) -> tuple[int, int]:
+    """(rows, cols) of a GGUF tensor viewed as a matrix (leading dims fold into rows)."""
+    shape = tuple(tensor.shape)
+    cols = shape[-1]
+    rows = tensor.data.shape[0]
+    bytes_per_row(tensor.qtype, cols)  # raises if cols is not whole blocks
+    return rows, cols
+
+
+def _rebuild(cls, data, shard_ids, logical_shape, segments, loaded_shards):
+    param = cls(data, shard_ids=shard_ids, logical_shape=logical_shape)
+    param.segments, param.loaded_shards = tuple(segments), set(loaded_shards)
+    return param

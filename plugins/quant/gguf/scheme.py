@@ -1,0 +1,92 @@
+"""The ``gguf`` quant scheme: weights stay packed on the device; matmuls and embedding lookups
+dequantize on the fly through the kernel runtime (``gguf_matmul``, ``gguf_embedding``).
+
+Every linear layer, the embedding and an untied LM head get a GGUFParameter; a tied LM head
+projects through the quantized embedding (``apply`` on the embedding layer). Norms and biases
+are the layers' own plain parameters.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from toolkit.core.errors import ToolkitError
+from toolkit.kernels import runtime
+
+from .params import GGUFParameter, Segment
+
+
+class GGUFScheme:
+    name = "gguf"
+
+    def __init__(self, params_dtype: torch.dtype):
+        self.params_dtype = params_dtype
+
+    def scheme_for(self, *, layer_kind: str, prefix: str) -> "GGUFScheme":
+        return self
+
+    def create_weights(self, layer: nn.Module, *, input_size_per_partition: int, output_partition_sizes: list[int],
+                       input_size: int, output_size: int) -> None:
+        layer.weight = GGUFParameter.empty(sum(output_partition_sizes), input_size_per_partition,
+                                           shard_ids=layer.shard_ids)
+
+    def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        """``x @ W.T (+ bias)``: one ``gguf_matmul`` per segment (run of rows sharing a quant type)."""
+        weight: GGUFParameter = layer.weight
+        rows, cols = weight.logical_shape
+        flat = x.reshape(-1, cols).to(self.params_dtype)
+        parts = [(segment, runtime.call("gguf_matmul", flat, data, segment.qtype, cols))
+                 for segment, data in weight.packed_segments()]
+        out = _columns(parts, rows, flat).to(self.params_dtype)
+        if bias is not None:
+            out = out + bias
+        return out.reshape(*x.shape[:-1], rows)
+
+    def embed(self, layer: nn.Module, ids: torch.Tensor) -> torch.Tensor:
+        """Rows ``ids`` of the table; only those rows are dequantized (rows never loaded, such as
+        vocab padding, read as zeros)."""
+        weight: GGUFParameter = layer.weight
+        cols = weight.logical_shape[1]
+        flat = ids.reshape(-1)
+        out = None
+        for segment, data in weight.packed_segments():
+            local = flat - segment.row_start
+            inside = (local >= 0) & (local < segment.rows)
+            rows = runtime.call("gguf_embedding", local.clamp(0, segment.rows - 1), data, segment.qtype, cols,
+                                self.params_dtype)
+            rows = torch.where(inside.unsqueeze(-1), rows, torch.zeros((), dtype=rows.dtype, device=rows.device))
+            out = rows if out is None else out + rows
+        if out is None:
+            out = torch.zeros(flat.shape[0], cols, dtype=self.params_dtype, device=ids.device)
+        return out.reshape(*ids.shape, cols)
+
+    def process_after_loading(self, layer: nn.Module) -> None:
+        for param in layer.parameters(recurse=False):
+            if isinstance(param, GGUFParameter):
+                param.finalize()
+
+
+def _columns(parts: list[tuple[Segment, torch.Tensor]], rows: int, x: torch.Tensor) -> torch.Tensor:
+    """Segment outputs side by side as ``[tokens, rows]``; rows no segment covers are zero."""
+    covered = 0
+    for segment, _ in parts:
+        if segment.row_start != covered:
+            break
+        covered += segment.rows
+    if covered == rows and parts:
+        return parts[0][1] if len(parts) == 1 else torch.cat([out for _, out in parts], dim=-1)
+    out = torch.zeros(x.shape[0], rows, dtype=parts[0][1].dtype if parts else x.dtype, device=x.device)
+    for segment, values in parts:
+        out[:, segment.row_start:segment.row_start + segment.rows] = values
+    return out
+
+
+class GGUFSchemeFactory:
+    names = ("gguf",)
+
+    def from_checkpoint(self, quant_metadata, *, params_dtype: torch.dtype) -> GGUFScheme:
+        return GGUFScheme(params_dtype)
+
+    def from_spec(self, spec: str, *, params_dtype: torch.dtype) -> GGUFScheme:
+        raise ToolkitError(f"--quant {spec}: GGUF weights come packed in .gguf files; quantizing other "
+                           "checkpoints to GGUF on the fly is not supported (load a .gguf file instead)")

@@ -1,0 +1,127 @@
+"""On a CUDA device: Triton paged attention and KV store against the torch references, CUDA graphs
+against eager decode, and the engine against transformers. Skipped without CUDA."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import toolkit
+from toolkit import LLM, SamplingParams
+from toolkit.core.layers.attention import AttentionMetadata
+from toolkit.kernels import reference, runtime
+
+pytestmark = pytest.mark.gpu
+
+CASES = [  # heads, kv_heads, head_dim, [(context, new tokens) per sequence], sliding window, softcap
+    (4, 2, 64, [(5, 5), (37, 1), (70, 20), (16, 16), (200, 64)], None, None),   # prefill over cached prefix
+    (12, 4, 64, [(130, 1), (1, 1), (17, 1), (300, 1)], None, None),             # decode, GQA
+    (8, 8, 128, [(33, 1), (64, 64), (0, 1)], None, None),                       # MHA; an empty padding row
+    (8, 1, 80, [(90, 90), (50, 3)], 7, None),                                   # MQA, odd head dim, window
+    (4, 2, 256, [(40, 40), (129, 1)], None, 30.0),                              # Gemma-like: 256 dims, softcap
+    (16, 2, 16, [(100, 1), (45, 45)], 32, 50.0),
+]
+
+
+def make_case(heads, kv_heads, head_dim, ctx_q, dtype, block_size=16, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    num_blocks = sum(-(-c // block_size) for c, _ in ctx_q) + 5
+    order = torch.randperm(num_blocks, generator=g).tolist()
+    k_cache = torch.randn(num_blocks, block_size, kv_heads, head_dim, generator=g).to("cuda", dtype)
+    v_cache = torch.randn(num_blocks, block_size, kv_heads, head_dim, generator=g).to("cuda", dtype)
+    tables, used = [], 0
+    for context, _ in ctx_q:
+        count = -(-context // block_size)
+        tables.append(order[used:used + count])
+        used += count
+    width = max(1, max(len(t) for t in tables))
+    block_tables = torch.tensor([t + [-1] * (width - len(t)) for t in tables], dtype=torch.int32, device="cuda")
+    query_lens = [q for _, q in ctx_q]
+    starts = torch.tensor([0] + query_lens).cumsum(0).to(device="cuda", dtype=torch.int32)
+    seq_lens = torch.tensor([c for c, _ in ctx_q], dtype=torch.int32, device="cuda")
+    q = torch.randn(sum(query_lens), heads, head_dim, generator=g).to("cuda", dtype)
+    attn = AttentionMetadata(starts, seq_lens, None, block_tables, max(query_lens), max(c for c, _ in ctx_q))
+    return q, k_cache, v_cache, attn
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"h{c[0]}-kv{c[1]}-d{c[2]}")
+def test_triton_paged_attention_matches_reference(case, dtype):
+    heads, kv_heads, head_dim, ctx_q, window, softcap = case
+    q, k_cache, v_cache, attn = make_case(heads, kv_heads, head_dim, ctx_q, dtype)
+    impl = runtime.resolve("paged_attention", q, k_cache, v_cache, attn, head_dim ** -0.5, window, softcap)
+    assert impl is not reference.paged_attention, "the Triton kernel should serve CUDA tensors"
+    got = impl(q, k_cache, v_cache, attn, head_dim ** -0.5, window, softcap)
+    # the oracle, in float32, over the real sequences (an empty padding row must come out as zeros)
+    real = (attn.seq_lens > 0).repeat_interleave(attn.query_start_loc.diff().long())
+    expected = reference.paged_attention(q.float()[real], k_cache.float(), v_cache.float(), without_empty(attn),
+                                         head_dim ** -0.5, window, softcap)
+    tolerance = 2e-2 if dtype == torch.bfloat16 else 5e-3 if dtype == torch.float16 else 1e-4
+    torch.testing.assert_close(got.float()[real], expected, atol=tolerance, rtol=tolerance)
+    assert torch.all(got[~real] == 0)
+
+
+def without_empty(attn: AttentionMetadata) -> AttentionMetadata:
+    keep = attn.seq_lens > 0
+    query_lens = attn.query_start_loc.diff()[keep]
+    starts = torch.cat([query_lens.new_zeros(1), query_lens.cumsum(0)]).to(torch.int32)
+    return AttentionMetadata(starts, attn.seq_lens[keep], None, attn.block_tables[keep], attn.max_query_len,
+                             attn.max_seq_len)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_triton_store_kv_matches_reference(dtype):
+    g = torch.Generator().manual_seed(1)
+    k = torch.randn(40, 3, 64, generator=g).to("cuda", dtype)
+    v = torch.randn(40, 3, 64, generator=g).to("cuda", dtype)
+    slots = torch.randperm(10 * 16, generator=g)[:40].to("cuda")
+    slots[::7] = -1
+    caches = [torch.zeros(10, 16, 3, 64, dtype=dtype, device="cuda") for _ in range(4)]
+    reference.store_kv(k, v, caches[0], caches[1], slots)
+    impl = runtime.resolve("store_kv", k, v, caches[2], caches[3], slots)
+    assert impl is not reference.store_kv
+    impl(k, v, caches[2], caches[3], slots)
+    assert torch.equal(caches[0], caches[2]) and torch.equal(caches[1], caches[3])
+
+
+def test_kernels_are_torch_custom_ops():
+    assert hasattr(torch.ops.toolkit, "paged_attention") and hasattr(torch.ops.toolkit, "store_kv")
+
+
+@pytest.fixture(scope="module")
+def cuda_model(tiny_llama):
+    return toolkit.load(tiny_llama.path, device="cuda", dtype="fp32")
+
+
+def prompts(lengths, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(3, 500, (n,), generator=g).tolist() for n in lengths]
+
+
+def test_cuda_graph_decode_equals_eager_and_transformers(cuda_model, tiny_llama):
+    batch = prompts([3, 17, 40, 64, 5, 33, 1, 100, 9])
+    params = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
+    graphed = LLM(cuda_model, max_num_seqs=16, max_num_batched_tokens=64)
+    graphs = graphed.executor.runner.graphs
+    assert graphs is not None and graphs.batch_sizes == [1, 2, 4, 8, 16]
+    with_graphs = [o.token_ids for o in graphed.generate(batch, params)]
+    eager = [o.token_ids for o in LLM(cuda_model, max_num_seqs=16, max_num_batched_tokens=64,
+                                      enforce_eager=True).generate(batch, params)]
+    assert with_graphs == eager
+    reference_model = tiny_llama.reference.to("cuda")
+    try:
+        for prompt, tokens in zip(batch, with_graphs):
+            ids = torch.tensor([prompt], device="cuda")
+            for _ in range(12):
+                ids = torch.cat([ids, reference_model(ids).logits[:, -1].argmax(-1, keepdim=True)], dim=1)
+            assert tokens == ids[0, len(prompt):].tolist()
+    finally:
+        tiny_llama.reference.to("cpu")
+
+
+def test_seeded_sampling_on_cuda_is_reproducible(cuda_model):
+    params = SamplingParams(max_tokens=10, temperature=1.0, top_k=50, seed=5, ignore_eos=True)
+    llm = LLM(cuda_model, max_num_seqs=8)
+    first = llm.generate(prompts([10])[0], params)[0].token_ids
+    mixed = llm.generate(prompts([4, 10, 20], seed=0)[:1] + prompts([10]) + prompts([20], seed=3),
+                         [SamplingParams(max_tokens=10, temperature=1.0), params, SamplingParams(max_tokens=10)])
+    assert mixed[1].token_ids == first
