@@ -11,11 +11,10 @@ from typing import Any, Iterator
 
 import torch
 
-from toolkit.core.checkpoint import CheckpointSummary, TensorInfo
 from toolkit.core.errors import CheckpointError, CorruptFileError
-from toolkit.plugins.loaders.sharded import manifest
 from toolkit.plugins.loaders.sharded.errors import ChecksumMismatchError
-from toolkit.plugins.loaders.sharded.stored import dtype_name, load_tokenizer, parse_dtype
+from toolkit.plugins.loaders.sharded.manifest_checkpoint import ManifestCheckpoint
+from toolkit.plugins.loaders.sharded.stored import dtype_name
 
 from .crypt import Key, decryption_params
 from .writer import MANIFEST, TAG
@@ -25,31 +24,13 @@ class DecryptionError(CheckpointError):
     """An encrypted state opened without its key, or with the wrong one."""
 
 
-class TensorizerCheckpoint:
+class TensorizerCheckpoint(ManifestCheckpoint):
     format = "tensorizer"
 
     def __init__(self, folder: Path, *, tp_rank: int, tp_size: int, device: torch.device,
                  key: Key | None = None, verify_hash: bool = False):
-        self.folder, self.tp_rank, self.tp_size, self.device = folder, tp_rank, tp_size, device
-        self.key, self.verify_hash = key, verify_hash
-        self.manifest_path = folder / MANIFEST
-        self.manifest = manifest.read(self.manifest_path, TAG)
-        self.hf_config: dict = self.manifest["hf_config"]
-        self.quant_scheme: str | None = self.manifest["quant_scheme"]
-        self.quant_metadata: Any = self.manifest.get("quant_metadata")
-        try:
-            self.params_dtype = parse_dtype(self.manifest["params_dtype"])
-        except ValueError as exc:
-            raise CorruptFileError(str(exc), file=str(self.manifest_path)) from exc
-        own = self.manifest["ranks"].get(str(tp_rank), {}).get("files", [])
-        self.files = (self.manifest_path, *(folder / name for name in own))
-
-    def _entry(self) -> dict[str, Any]:
-        return manifest.rank_entry(self.manifest, tp_rank=self.tp_rank, tp_size=self.tp_size,
-                                   path=self.manifest_path)
-
-    def tensor_names(self) -> list[str]:
-        return [record["name"] for record in self._entry()["tensors"]]
+        super().__init__(folder, manifest_name=MANIFEST, tag=TAG, tp_rank=tp_rank, tp_size=tp_size)
+        self.device, self.key, self.verify_hash = device, key, verify_hash
 
     def read_tensors(self) -> Iterator[tuple[str, str, torch.Tensor]]:
         entry = self._entry()
@@ -65,19 +46,6 @@ class TensorizerCheckpoint:
         if expected:
             raise CorruptFileError(f"{len(expected)} tensors listed in the manifest are missing from the files",
                                    file=str(self.folder), tensor=next(iter(expected)))
-
-    def tokenizer(self):
-        return load_tokenizer(self.folder, self.manifest.get("tokenizer_files") or [])
-
-    def summary(self) -> CheckpointSummary:
-        metadata = {key: value for key, value in self.manifest.items() if key not in ("ranks", "hf_config")}
-        tensors = [TensorInfo(r["name"], tuple(r["shape"]), r["dtype"], 0, r["file"])
-                   for rank in sorted(self.manifest["ranks"], key=int) for r in self.manifest["ranks"][rank]["tensors"]]
-        return CheckpointSummary(format=self.format, architecture=self.manifest["architecture"],
-                                 metadata=dict(metadata, **self.hf_config), tensors=tensors)
-
-    def close(self) -> None:
-        return None
 
 
 def _deserialize(path: Path, device: torch.device, key: Key | None, verify_hash: bool):
