@@ -11,6 +11,17 @@ def round_half_away(x: torch.Tensor) -> torch.Tensor:
     return torch.sign(x) * (whole + (2 * (magnitude - whole)).floor())
 
 
+def divide(values: torch.Tensor, divisor: float) -> torch.Tensor:
+    """``values / divisor`` as IEEE float division on every device.
+
+    PyTorch's CUDA kernel turns division by a Python scalar into multiplication by the
+    scalar's reciprocal. For divisors that are not powers of two (127, 15, 31) that differs
+    from numpy's division in the last bit, and a last-bit change in a block scale can change
+    its fp16 value and every code. Dividing by a tensor on the same device keeps true division.
+    """
+    return values / torch.full((), divisor, dtype=values.dtype, device=values.device)
+
+
 def fp16_bytes(values: torch.Tensor) -> torch.Tensor:
     """[n, 1] float -> [n, 2] uint8: the IEEE half (round to nearest even) of each value."""
     return values.to(torch.float16).contiguous().view(torch.uint8)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from .bits import assemble, fp16_bytes, pack_nibbles, safe_reciprocal
+from .bits import assemble, divide, fp16_bytes, pack_nibbles, safe_reciprocal
 from .search import affine_search, symmetric_search
 
 
@@ -28,8 +28,9 @@ def _sub_block_weights(sub: torch.Tensor) -> torch.Tensor:
 def _six_bit(values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-sub-block non-negative values [nb, 8] -> (6-bit integers [nb, 8], fp16 super-scale [nb, 1])."""
     peak = values.amax(-1, keepdim=True)
-    codes = torch.round(values * safe_reciprocal(peak / 63)).clamp(0, 63)
-    return codes.to(torch.uint8), (peak / 63).to(torch.float16)
+    step = divide(peak, 63)
+    codes = torch.round(values * safe_reciprocal(step)).clamp(0, 63)
+    return codes.to(torch.uint8), step.to(torch.float16)
 
 
 def _pack_scales(scales: torch.Tensor, mins: torch.Tensor) -> torch.Tensor:
@@ -72,7 +73,7 @@ def q6_k(blocks: torch.Tensor) -> torch.Tensor:
     sub = blocks.reshape(-1, 16, 16)
     scale = symmetric_search(sub, nmax=32)                                             # [nb, 16], signed
     peak = scale.gather(-1, scale.abs().argmax(-1, keepdim=True))                      # keeps its sign
-    d = (peak / -128).to(torch.float16)
+    d = divide(peak, -128).to(torch.float16)
     scale_codes = torch.round(scale * safe_reciprocal(d.float())).clamp(-128, 127)
     step = (d.float() * scale_codes).unsqueeze(-1)
     codes = (torch.round(sub * safe_reciprocal(step)).clamp(-32, 31) + 32).to(torch.uint8).reshape(-1, 256)

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import torch
 
-from .bits import assemble, fp16_bytes, pack_bits_lsb_first, pack_nibbles, round_half_away, safe_reciprocal
+from .bits import assemble, divide, fp16_bytes, pack_bits_lsb_first, pack_nibbles, round_half_away, safe_reciprocal
 
 
 def q8_0(blocks: torch.Tensor) -> torch.Tensor:
-    d = blocks.abs().amax(-1, keepdim=True) / 127
+    d = divide(blocks.abs().amax(-1, keepdim=True), 127)
     qs = round_half_away(blocks * safe_reciprocal(d)).to(torch.int8).view(torch.uint8)
     return assemble(fp16_bytes(d), qs)
 
@@ -38,14 +38,14 @@ def _codes(scaled: torch.Tensor, offset: float, top: int) -> torch.Tensor:
 
 
 def q4_0(blocks: torch.Tensor) -> torch.Tensor:
-    d = signed_max(blocks) / -8
+    d = divide(signed_max(blocks), -8)
     q = _codes(blocks * safe_reciprocal(d), 8.5, 15)
     return assemble(fp16_bytes(d), pack_nibbles(q[:, :16], q[:, 16:]))
 
 
 def q4_1(blocks: torch.Tensor) -> torch.Tensor:
     low, high = blocks.amin(-1, keepdim=True), blocks.amax(-1, keepdim=True)
-    d = (high - low) / 15
+    d = divide(high - low, 15)
     q = _codes((blocks - low) * safe_reciprocal(d), 0.5, 15)
     return assemble(fp16_bytes(d), fp16_bytes(low), pack_nibbles(q[:, :16], q[:, 16:]))
 
@@ -56,13 +56,13 @@ def _five_bit_payload(q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def q5_0(blocks: torch.Tensor) -> torch.Tensor:
-    d = signed_max(blocks) / -16
+    d = divide(signed_max(blocks), -16)
     q = _codes(blocks * safe_reciprocal(d), 16.5, 31)
     return assemble(fp16_bytes(d), *_five_bit_payload(q))
 
 
 def q5_1(blocks: torch.Tensor) -> torch.Tensor:
     low, high = blocks.amin(-1, keepdim=True), blocks.amax(-1, keepdim=True)
-    d = (high - low) / 31
+    d = divide(high - low, 31)
     q = _codes((blocks - low) * safe_reciprocal(d), 0.5, 31)
     return assemble(fp16_bytes(d), fp16_bytes(low), *_five_bit_payload(q))
