@@ -138,6 +138,29 @@ def test_matmul_matches_numpy(name):
     assert ((got - expected).abs() <= 1e-5 * scale + 1e-30).all()
 
 
+@pytest.mark.parametrize("name", ["Q8_0", "Q5_0", "Q4_K", "Q6_K", "IQ4_XS", "F16"])
+@pytest.mark.parametrize("chunk_elements", [1, 600, 1 << 20])  # one row, a ragged split, one chunk
+def test_cpu_chunked_matmul_matches_numpy(name, chunk_elements, monkeypatch):
+    """The CPU op walks the rows in chunks; every chunking gives numpy's product (any batch shape)."""
+    from toolkit.kernels.gguf import cpu  # noqa: PLC0415
+
+    monkeypatch.setattr(cpu, "CHUNK_ELEMENTS", chunk_elements)
+    rng = np.random.default_rng(8)
+    rows, cols = 7, 256
+    packed = random_blocks(name, rows, cols, rng)
+    weight = dequantize(packed, qtype_of(name))
+    x = rng.standard_normal((2, 3, cols)).astype(np.float32)
+    got = cpu.gguf_matmul_chunked(torch.from_numpy(x), torch.from_numpy(packed), int(qtype_of(name)), cols)
+    scale = torch.from_numpy(np.abs(x) @ np.abs(weight).T)
+    assert got.dtype == torch.float32 and got.shape == (2, 3, rows)
+    assert ((got - torch.from_numpy(x @ weight.T)).abs() <= 1e-5 * scale + 1e-30).all()
+    as_bf16 = cpu.gguf_matmul_chunked(torch.from_numpy(x).bfloat16(), torch.from_numpy(packed),
+                                      int(qtype_of(name)), cols)
+    assert as_bf16.dtype == torch.bfloat16 and ((as_bf16.float() - got).abs() <= 2e-2 * scale + 1e-30).all()
+    assert runtime.resolve("gguf_matmul", torch.zeros(1, cols), torch.from_numpy(packed), 8, cols) \
+        is cpu.gguf_matmul_chunked
+
+
 @pytest.mark.parametrize("name", ["Q8_0", "Q4_K", "Q6_K", "IQ4_NL", "F16"])
 def test_embedding_unpacks_looked_up_rows(name):
     rng = np.random.default_rng(5)

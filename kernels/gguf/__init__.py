@@ -6,8 +6,9 @@ Ops (through ``toolkit.kernels.runtime.call``):
 - ``gguf_matmul(x, data, qtype, cols) -> x @ W.T``
 - ``gguf_embedding(ids, data, qtype, cols, dtype) -> [len(ids), cols]``
 
-The torch reference (``reference.py``) registers for every device; Triton kernels register for
-CUDA when Triton is importable and decline, via ``supports``, the types they do not handle.
+The torch reference (``reference.py``) registers for every device; a chunked matmul (``cpu.py``)
+takes over on CPU; Triton kernels register for CUDA when Triton is importable and decline, via
+``supports``, the types they do not handle.
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import warnings
 import torch
 
 from ...core.hookspecs import hookimpl
+from .cpu import gguf_matmul_chunked
 from .reference import (SUPPORTED_TYPES, gguf_dequantize, gguf_embedding, gguf_matmul, is_supported)
 from .types import block_size, bytes_per_row, type_name, type_size
 
@@ -40,6 +42,7 @@ def register_all(register) -> None:
     """Register the reference ops and, where possible, the Triton ones (usable without pluggy)."""
     for name, fn in zip(OPS, (gguf_dequantize, gguf_matmul, gguf_embedding)):
         register(name, fn, device="any")
+    register("gguf_matmul", gguf_matmul_chunked, device="cpu", priority=5)
     for name, fn in _triton_ops().items():
         register(name, fn, device="cuda", priority=10)
 

@@ -22,9 +22,12 @@ def unpack(packed: torch.Tensor, group: int, bits: int) -> torch.Tensor:
     :returns: uint8 ``[N, num_groups * group * 8 // bits]``, each value below ``2**bits``.
     """
     rows = packed.shape[0]
-    shifts = torch.arange(0, 8, bits, dtype=torch.uint8, device=packed.device)
-    fields = packed.reshape(rows, -1, 1, group) >> shifts.view(1, 1, -1, 1)
-    return (fields & ((1 << bits) - 1)).reshape(rows, -1)
+    mask = (1 << bits) - 1
+    grouped = packed.reshape(rows, -1, group)
+    # One contiguous shift-and-mask per field, then one stack: on CPU about twice as fast as a
+    # single broadcast shift over a [rows, groups, fields, group] view (which does not vectorize).
+    fields = [(grouped >> shift) & mask if shift else grouped & mask for shift in range(0, 8, bits)]
+    return torch.stack(fields, dim=-2).reshape(rows, -1)
 
 
 def lookup(table: tuple, index: torch.Tensor) -> torch.Tensor:
