@@ -78,7 +78,29 @@ class ConvertResult:
                 f"size          {self.source_bytes / 2**20:.1f} MiB -> {self.dest_bytes / 2**20:.1f} MiB",
                 f"tensors       {self.num_tensors} ({self.num_parameters / 1e6:.2f}M weights, "
                 f"{self.bits_per_weight:.2f} bits per weight)",
-                f"time          {self.seconds:.2f}s"]
+                f"time          {self.seconds:.2f}s", *fact_lines(self.facts)]
+
+
+# Facts the lines above already show, in the writer's words.
+_SHOWN_FACTS = frozenset({"parameters", "bits_per_weight", "tensors", "files"})
+
+
+def fact_lines(facts: dict[str, Any]) -> list[str]:
+    """The writer's own facts, one line each, whatever the format: scalars as they are, a mapping
+    as ``key count, key count`` (e.g. how many tensors got each type), a list one item per line
+    (fallbacks, notes). Empty values are left out."""
+    lines = []
+    for key, value in facts.items():
+        if key in _SHOWN_FACTS or value in (None, "", [], {}):
+            continue
+        label = f"{key.replace('_', ' '):<13} "
+        if isinstance(value, dict):
+            lines.append(label + ", ".join(f"{k} {v}" for k, v in value.items()))
+        elif isinstance(value, (list, tuple)):
+            lines += [label + str(item) for item in value]
+        else:
+            lines.append(label + str(value))
+    return lines
 
 
 def parse_target(target: str) -> tuple[str, str | None]:

@@ -7,7 +7,7 @@ import torch
 import toolkit
 from hf_fixtures import save_hf_model
 from toolkit.core import convert as convert_module
-from toolkit.core.convert import convert, unpacked_name
+from toolkit.core.convert import convert, fact_lines, unpacked_name
 from toolkit.core.errors import ConversionError
 
 
@@ -73,3 +73,10 @@ def test_unpacked_name_inverts_packing():
     assert unpacked_name("model.layers.3.self_attn.qkv_proj.bias", 2, packed) == "model.layers.3.self_attn.v_proj.bias"
     assert unpacked_name("model.layers.0.mlp.gate_up_proj.weight", 0, packed) == "model.layers.0.mlp.gate_proj.weight"
     assert unpacked_name("model.norm.weight", None, packed) == "model.norm.weight"
+
+
+def test_writer_facts_are_printed_whatever_their_shape():
+    lines = fact_lines({"parameters": 10, "tensor_types": {"F32": 2, "Q6_K": 1}, "fallbacks": ["a: X -> Y", "b: X -> Y"],
+                        "notes": [], "tp": 2, "dtype": None})
+    assert lines == ["tensor types  F32 2, Q6_K 1", "fallbacks     a: X -> Y", "fallbacks     b: X -> Y",
+                     "tp            2"]

@@ -339,6 +339,8 @@ def test_rows_that_do_not_fit_fall_back(tmp_path):
     assert "blk.0.ffn_down.weight: Q4_K -> F16 (rows of 80 are not whole Q4_K blocks)" in result.facts["fallbacks"]
     assert len(result.facts["fallbacks"]) == sum(1 for name in types if not name.endswith("norm.weight"))
     assert any("no tokenizer" in note for note in result.facts["notes"])
+    summary = "\n".join(result.summary_lines())  # what `toolkit convert` prints
+    assert "fallbacks     blk.0.ffn_down.weight: Q4_K -> F16" in summary and "tensor types  " in summary
     ids = list(range(3, 15))
     assert relative_error(toolkit.load(str(tmp_path / "m.gguf"), device="cpu").logits(ids),
                           logits_of(model, ids)) < 0.25
