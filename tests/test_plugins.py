@@ -221,3 +221,16 @@ def test_broken_register_commands_is_isolated(plugin_dir):
         app = cli.build_app(Registry(plugins))
     assert "load" in cli.command_names(app)
     assert plugins.infos["clumsy"].error == "register_commands: ValueError: nope"
+
+
+def test_registering_every_plugin_imports_no_heavy_optional_library():
+    """Registration is what every process (each tensor-parallel worker too) pays: bitsandbytes and
+    tensorizer take seconds to import and are imported only when a model needs them."""
+    import subprocess  # noqa: PLC0415
+
+    code = ("import sys; from toolkit.core.registry import default_registry; r = default_registry(); "
+            "print([name for name in ('bitsandbytes', 'tensorizer') if name in sys.modules]); "
+            "print(sorted(r.quant_schemes))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.splitlines()
+    assert out[0] == "[]"
+    assert {"bnb", "bnb-nf4", "bnb-int8", "gguf"} <= set(json.loads(out[1].replace("'", '"')))

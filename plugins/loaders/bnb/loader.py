@@ -10,7 +10,6 @@ from toolkit.core.errors import SourceError
 from toolkit.plugins.loaders.safetensors.checkpoint import weight_files
 
 from .checkpoint import BnbCheckpoint
-from .save import save_pretrained
 
 CONFIDENCE = 0.9  # above the generic safetensors reader (0.5), which would not group the statistics
 
@@ -42,6 +41,8 @@ class BnbLoader:
 
     def save(self, loaded_model, dest, options=None) -> dict:
         """Write ``loaded_model`` (quantized by a bnb scheme, tp=1) as a transformers-loadable checkpoint."""
+        from .save import save_pretrained  # noqa: PLC0415 - imports bitsandbytes, which registration must not
+
         return save_pretrained(loaded_model, Path(dest))
 
 

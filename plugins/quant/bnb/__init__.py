@@ -3,14 +3,27 @@
 Everything numeric is bitsandbytes' own (``quantize_4bit``, ``dequantize_4bit``, ``matmul_4bit``,
 ``int8_vectorwise_quant``, ``bitsandbytes.matmul``); this plugin adds self-sharding parameters
 and the mapping to and from transformers' checkpoint layout.
+
+bitsandbytes itself is imported only when a bnb weight is built, read or multiplied: importing
+it costs seconds (it pulls in torch's compiler stack), and every toolkit process, every
+tensor-parallel worker included, registers this plugin whether or not it uses it.
 """
 from toolkit.core.hookspecs import hookimpl
 
 from .kernels import register_ops
-from .params4 import Bnb4bitParameter
-from .params8 import Bnb8bitParameter
 from .scheme import Bnb4bitScheme, Bnb8bitScheme, BnbFactory
 from .tensors import Bnb4bitTensor, Bnb8bitTensor
+
+_LAZY = {"Bnb4bitParameter": "params4", "Bnb8bitParameter": "params8"}
+
+
+def __getattr__(name: str):
+    """The parameter classes, imported (with bitsandbytes) on first access."""
+    if name in _LAZY:
+        import importlib  # noqa: PLC0415
+
+        return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 __all__ = ["Bnb4bitParameter", "Bnb8bitParameter", "Bnb4bitScheme", "Bnb8bitScheme", "BnbFactory",
            "Bnb4bitTensor", "Bnb8bitTensor"]

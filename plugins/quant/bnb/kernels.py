@@ -4,14 +4,14 @@
 compute ``x @ W.T (+ bias)`` exactly as bitsandbytes' ``Linear4bit`` / ``Linear8bitLt`` do, so
 logits match transformers' bitsandbytes path. Registered for ``device="any"``; a faster
 kernel (say, a fused Triton NF4 GEMM) can register for CUDA with a higher priority.
+
+bitsandbytes is imported on the first call, not at registration (see the package docstring).
 """
 from __future__ import annotations
 
 import logging
 
-import bitsandbytes as bnb
 import torch
-from bitsandbytes.autograd._functions import MatmulLtState
 
 
 class _DropFp16CastWarning(logging.Filter):
@@ -26,12 +26,17 @@ logging.getLogger("bitsandbytes.autograd._functions").addFilter(_DropFp16CastWar
 
 def bnb_4bit_matmul(x: torch.Tensor, packed: torch.Tensor, quant_state, bias: torch.Tensor | None = None):
     """``x @ dequantize_4bit(packed, quant_state).T + bias`` through ``bitsandbytes.matmul_4bit``."""
+    import bitsandbytes as bnb  # noqa: PLC0415
+
     return bnb.matmul_4bit(x, packed.view(-1, 1), quant_state=quant_state, bias=bias)
 
 
 def bnb_int8_matmul(x: torch.Tensor, data: torch.Tensor, scb: torch.Tensor, threshold: float,
                     bias: torch.Tensor | None = None):
     """LLM.int8 ``x @ (data * scb / 127).T + bias``, outlier columns above ``threshold`` in 16-bit."""
+    import bitsandbytes as bnb  # noqa: PLC0415
+    from bitsandbytes.autograd._functions import MatmulLtState  # noqa: PLC0415
+
     state = MatmulLtState()
     state.CB, state.SCB, state.threshold = data, scb, threshold
     state.has_fp16_weights, state.is_training = False, False

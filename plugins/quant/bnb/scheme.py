@@ -18,8 +18,6 @@ from .dense import DenseScheme
 from .layout import Layout
 from .notes import NoteLog
 from .options import FourBitOptions, Int8Options, from_quantization_config, parse_spec
-from .params4 import Bnb4bitParameter
-from .params8 import Bnb8bitParameter
 
 CHECKPOINT_SCHEME = "bnb"
 SPEC_NAMES = ("bnb-nf4", "bnb-fp4", "bnb-int8")
@@ -64,7 +62,12 @@ class _BnbScheme:
 
 class Bnb4bitScheme(_BnbScheme):
     options: FourBitOptions
-    parameter_class = Bnb4bitParameter
+
+    @property
+    def parameter_class(self):
+        from .params4 import Bnb4bitParameter  # noqa: PLC0415 - imports bitsandbytes
+
+        return Bnb4bitParameter
 
     @property
     def name(self) -> str:
@@ -89,7 +92,12 @@ class Bnb4bitScheme(_BnbScheme):
 
 class Bnb8bitScheme(_BnbScheme):
     options: Int8Options
-    parameter_class = Bnb8bitParameter
+
+    @property
+    def parameter_class(self):
+        from .params8 import Bnb8bitParameter  # noqa: PLC0415 - imports bitsandbytes
+
+        return Bnb8bitParameter
 
     @property
     def name(self) -> str:

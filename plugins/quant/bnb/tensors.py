@@ -13,11 +13,14 @@ import math
 from dataclasses import dataclass, field
 
 import torch
-from bitsandbytes.functional import QuantState, dequantize_4bit, int8_vectorwise_dequant
+from typing import TYPE_CHECKING
 
 from toolkit.core.errors import CorruptFileError, MissingTensorError, ShapeMismatchError, UnsupportedQuantTypeError
 
 from .options import QUANT_TYPES
+
+if TYPE_CHECKING:
+    from bitsandbytes.functional import QuantState
 
 STATE_PREFIX = "quant_state.bitsandbytes__"
 ROW_FORMAT = 0  # the only int8 layout bitsandbytes writes since 0.45 ("row")
@@ -42,6 +45,8 @@ class Bnb4bitTensor:
 
     def to_dense(self) -> torch.Tensor:
         """The dequantized [rows, cols] weight (bitsandbytes' own dequantize_4bit)."""
+        from bitsandbytes.functional import dequantize_4bit  # noqa: PLC0415 - imported on use (see __init__)
+
         state = self.quant_state()
         return dequantize_4bit(self.packed_bytes(), state).reshape(tuple(state.shape))
 
@@ -81,6 +86,8 @@ class Bnb8bitTensor:
         return self.data, self.scb.float()
 
     def to_dense(self) -> torch.Tensor:
+        from bitsandbytes.functional import int8_vectorwise_dequant  # noqa: PLC0415
+
         data, scb = self.validated()
         return int8_vectorwise_dequant(data, scb)
 
@@ -98,6 +105,8 @@ def parse_quant_state(tensor: Bnb4bitTensor, device) -> QuantState:
                                      tensor=f"{tensor.name}.{key}")
     _check_sizes(tensor, meta)
     parts = {key: tensor.stats[key] for key in required}
+    from bitsandbytes.functional import QuantState  # noqa: PLC0415
+
     return QuantState.from_dict({**parts, **meta}, device=torch.device(device))
 
 
