@@ -3,7 +3,7 @@
 Each op has ``supports(*args)``: it declines (so the torch reference runs, and raises the typed
 errors) for types without a Triton tile, float32 activations, CPU tensors or malformed data.
 
-Launch choices (measured by ``bench/bench_gguf_kernels.py --sweep`` on an H200):
+Launch choices (measured by ``bench/bench_gguf_kernels.py --sweep``; see the configs below):
 - ``T == 1`` (decode): the float32 multiply-accumulate kernel (``BM=1``) on word-wise tiles.
 - ``T <= FUSED_MAX_TOKENS``: the fused ``tl.dot`` kernel with ``BM=16``.
 - larger ``T`` (prefill): Triton dequantize to x's dtype, then the dense matmul (cuBLAS): 3-4x
@@ -30,7 +30,9 @@ TRITON_TYPES = frozenset(SUB_BLOCK)
 WORD_GROUP = {"Q8_0": 32, "Q4_0": 32, "Q4_1": 32, "Q5_0": 32, "Q5_1": 32, "IQ4_NL": 32,
               "Q4_K": 64, "Q5_K": 64, "Q6_K": 128}
 FUSED_MAX_TOKENS = 16
-PROGRAMS_PER_SM = 4
+# Split K only while there are fewer programs than SMs: with 4 or more programs per SM, every
+# split we measured was slower (the partial-sum buffer and its reduction cost more than they hide).
+PROGRAMS_PER_SM = 1
 
 
 @dataclass(frozen=True)
@@ -43,10 +45,15 @@ class MatmulConfig:
     num_stages: int = 2
 
 
-# Chosen from bench/bench_gguf_kernels.py --sweep on an H200 (best or within noise of best for
-# Q4_K/Q8_0/Q4_0/Q6_K at 4096x4096, 14336x4096 and 4096x14336).
-DECODE_CONFIG = MatmulConfig(bm=1, bn=8, bk=256)
-SMALL_BATCH_CONFIG = MatmulConfig(bm=16, bn=64, bk=64)
+# Chosen from bench/bench_gguf_kernels.py --sweep (CUDA-graph timing, weights beyond L2) on an
+# H100, for Q4_K, Q8_0, Q6_K, Q5_0 at 4096x4096, 14336x4096 and 4096x14336:
+# - decode: BK=512 beat the earlier BK=256 in 11 of 12 cases (wider K steps keep more bytes in
+#   flight per program, which a memory-bound GEMV needs); splitting K in two was slower in all 12;
+#   Q6_K's heavier unpacking gains from 8 warps in all three shapes;
+# - small batches (T=8): BN=64, BK=128 was faster than or equal to the earlier BK=64 in 12 of 12.
+DECODE_CONFIG = MatmulConfig(bm=1, bn=8, bk=512)
+DECODE_CONFIG_BY_TYPE = {"Q6_K": MatmulConfig(bm=1, bn=8, bk=512, num_warps=8)}
+SMALL_BATCH_CONFIG = MatmulConfig(bm=16, bn=64, bk=128)
 
 
 def _type_args(qtype: int) -> dict:
@@ -99,7 +106,7 @@ def _num_sms(device: torch.device) -> int:
 
 def _split_k(num_programs: int, k_tiles: int, device: torch.device) -> int:
     """Split K until there are about ``PROGRAMS_PER_SM`` programs per SM (never cutting a tile):
-    a decode GEMV has few output tiles, and a memory-bound kernel needs many loads in flight."""
+    a GEMV with few output tiles (a small projection) would otherwise leave SMs idle."""
     target = PROGRAMS_PER_SM * _num_sms(device)
     split = max(1, min(k_tiles, target // max(num_programs, 1)))
     while k_tiles % split:
@@ -139,7 +146,7 @@ def gguf_matmul(x: torch.Tensor, data: torch.Tensor, qtype: int, cols: int) -> t
     flat = x.reshape(-1, cols).contiguous()
     tokens = flat.shape[0]
     if tokens == 1:
-        out = fused_matmul(flat, data, qtype, cols, DECODE_CONFIG)
+        out = fused_matmul(flat, data, qtype, cols, DECODE_CONFIG_BY_TYPE.get(type_name(qtype), DECODE_CONFIG))
     elif tokens <= FUSED_MAX_TOKENS:
         out = fused_matmul(flat, data, qtype, cols, SMALL_BATCH_CONFIG)
     else:
