@@ -126,7 +126,7 @@ class ParallelModel:
 
     # ---- the LoadedModel interface ------------------------------------------------------------
     def logits(self, token_ids) -> torch.Tensor:
-        """Logits for every position of one sequence: float32 [len, vocab] (gathered on rank 0)."""
+        """Logits for every position of one sequence: float32 [len, vocab] on the CPU (gathered on rank 0)."""
         return self.run(_logits, token_ids)
 
     def generate(self, token_ids, max_new_tokens: int = 32, stop_token_ids=None) -> list[int]:
@@ -292,7 +292,9 @@ class ParallelModel:
 
 
 def _logits(loaded, token_ids):
-    return loaded.logits(token_ids)
+    # on the CPU: a CUDA tensor sent through the pipe would travel as a CUDA IPC handle, tying
+    # the caller to memory the worker owns
+    return loaded.logits(token_ids).cpu()
 
 
 def _generate(loaded, token_ids, max_new_tokens, stop_token_ids):
