@@ -16,6 +16,7 @@ from gguf_fixtures import write_model
 from test_bnb_fixtures import ALIGNED, BNB_CONFIGS, needs_accelerate, write_llama
 from test_gguf_tp import MODELS as GGUF_MODELS
 from toolkit import LLM, SamplingParams
+from toolkit.core.engine.executor import rank_graph_sizes
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices")]
@@ -103,4 +104,8 @@ def test_engine_tp2_matches_tp1(tiny_llama):
     del single
     with LLM(tiny_llama.path, device="cuda", dtype="fp32", tp=2, gpu_memory_utilization=0.2) as parallel:
         got = [out.token_ids for out in parallel.generate(prompts, params)]
+        executor = parallel.executor
+        graph_sizes = executor.handle.run_all(rank_graph_sizes, executor.engine_id)
     assert got == expected
+    # decode ran from CUDA graphs on both ranks, the NCCL all-reduces captured inside them
+    assert graph_sizes[0] == graph_sizes[1] and 1 in graph_sizes[0]
