@@ -292,9 +292,7 @@ class ParallelModel:
 
 
 def _logits(loaded, token_ids):
-    # on the CPU: a CUDA tensor sent through the pipe would travel as a CUDA IPC handle, tying
-    # the caller to memory the worker owns
-    return loaded.logits(token_ids).cpu()
+    return loaded.logits(token_ids)  # the worker's reply moves it to the CPU (tp_worker.to_cpu)
 
 
 def _generate(loaded, token_ids, max_new_tokens, stop_token_ids):

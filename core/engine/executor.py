@@ -36,9 +36,7 @@ def _rank_allocate(loaded, engine_id: str, num_blocks: int) -> None:
 
 def _rank_execute(loaded, engine_id: str, step: StepInput):
     logits = _RUNNERS[engine_id].execute(step)
-    # only rank 0's answer travels back, on the CPU: a CUDA tensor would cross the pipe as a CUDA
-    # IPC handle into memory the runner reuses (its CUDA-graph output buffer) on the next step
-    return logits.cpu() if loaded.parallel.tp_rank == 0 else None
+    return logits if loaded.parallel.tp_rank == 0 else None  # only rank 0's answer travels back
 
 
 def rank_graph_sizes(loaded, engine_id: str) -> list[int]:
