@@ -21,3 +21,16 @@ def test_tp2_engine_matches_tp1(tiny_llama):
         assert parallel.stats()["num_free_blocks"] == parallel.stats()["num_blocks"]
     assert [out.token_ids for out in got] == [out.token_ids for out in expected]
     assert [out.text for out in got] == [out.text for out in expected]
+
+
+def test_engine_over_workers_lowers_the_callers_threads(tiny_llama):
+    """The caller only schedules and samples; its spinning OpenMP threads would starve the workers."""
+    from toolkit.core.engine.llm import CALLER_THREADS_WITH_WORKERS  # noqa: PLC0415
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(CALLER_THREADS_WITH_WORKERS + 4)
+    try:
+        with LLM(tiny_llama.path, device="cpu", tp=2, max_num_batched_tokens=32):
+            assert torch.get_num_threads() == CALLER_THREADS_WITH_WORKERS
+    finally:
+        torch.set_num_threads(before)
