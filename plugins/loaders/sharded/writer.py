@@ -14,9 +14,8 @@ from typing import Any
 
 from safetensors.torch import save_file
 
-from . import manifest
-from .staging import write_staged
-from .stored import StoredTensor, check_saveable, dtype_name, iter_stored, model_fields, save_tokenizer, sha256
+from .rank_save import save_rank_state
+from .stored import StoredTensor, dtype_name, iter_stored, sha256
 
 MANIFEST = "toolkit-sharded.json"
 TAG = "toolkit-sharded-state"
@@ -33,20 +32,9 @@ class ShardedSaveOptions:
 
 def save_rank(loaded, dest, options: ShardedSaveOptions) -> dict[str, Any]:
     """Every rank of ``loaded`` calls this together (tp=1: just this process); returns summary facts."""
-    check_saveable(loaded.model)
-    fields = {"format": TAG, **model_fields(loaded)}
-    rank = loaded.parallel.tp_rank
-
-    def write(staging: Path) -> dict[str, Any]:
-        entry = write_parts(loaded.model, staging, rank, options.max_part_bytes)
-        manifest.write_piece(staging, rank, entry)
-        return entry
-
-    def finalize(staging: Path) -> None:
-        fields["tokenizer_files"] = save_tokenizer(loaded.tokenizer, staging)
-        manifest.merge_pieces(staging, MANIFEST, fields)
-
-    entry = write_staged(dest, loaded.parallel, loaded.device, write, finalize, overwrite=options.overwrite)
+    fields, entry = save_rank_state(
+        loaded, dest, tag=TAG, manifest_name=MANIFEST, overwrite=options.overwrite,
+        write_entry=lambda staging, rank: write_parts(loaded.model, staging, rank, options.max_part_bytes))
     return {"format": "sharded", "tp": fields["tp_size"], "rank_files": len(entry["files"]),
             "rank_tensors": len(entry["tensors"])}
 

@@ -13,10 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from toolkit.plugins.loaders.sharded import manifest
-from toolkit.plugins.loaders.sharded.staging import write_staged
-from toolkit.plugins.loaders.sharded.stored import check_saveable, dtype_name, iter_stored, model_fields, \
-    save_tokenizer
+from toolkit.plugins.loaders.sharded.rank_save import save_rank_state
+from toolkit.plugins.loaders.sharded.stored import dtype_name, iter_stored
 
 from .crypt import Key, encryption_params
 
@@ -39,20 +37,10 @@ def rank_file(rank: int) -> str:
 
 def save_rank(loaded, dest, options: TensorizerSaveOptions) -> dict[str, Any]:
     """Every rank of ``loaded`` calls this together (tp=1: just this process); returns summary facts."""
-    check_saveable(loaded.model)
-    fields = {"format": TAG, **model_fields(loaded), "encrypted": options.encryption_key is not None}
-    rank = loaded.parallel.tp_rank
-
-    def write(staging: Path) -> dict[str, Any]:
-        entry = serialize(loaded.model, staging / rank_file(rank), options.encryption_key)
-        manifest.write_piece(staging, rank, entry)
-        return entry
-
-    def finalize(staging: Path) -> None:
-        fields["tokenizer_files"] = save_tokenizer(loaded.tokenizer, staging)
-        manifest.merge_pieces(staging, MANIFEST, fields)
-
-    entry = write_staged(dest, loaded.parallel, loaded.device, write, finalize, overwrite=options.overwrite)
+    fields, entry = save_rank_state(
+        loaded, dest, tag=TAG, manifest_name=MANIFEST, overwrite=options.overwrite,
+        extra_fields={"encrypted": options.encryption_key is not None},
+        write_entry=lambda staging, rank: serialize(loaded.model, staging / rank_file(rank), options.encryption_key))
     return {"format": "tensorizer", "tp": fields["tp_size"], "rank_tensors": len(entry["tensors"]),
             "encrypted": fields["encrypted"]}
 
