@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import math
 import resource
 import subprocess
 import sys
@@ -173,15 +174,8 @@ def count_parameters(path: Path) -> int:
     for file in path.glob("*.safetensors"):
         with safe_open(str(file), framework="pt") as handle:
             for name in handle.keys():
-                total += _numel(handle.get_slice(name).get_shape())
+                total += math.prod(handle.get_slice(name).get_shape())
     return total
-
-
-def _numel(shape) -> int:
-    count = 1
-    for dim in shape:
-        count *= dim
-    return count
 
 
 def report(results: dict, num_params: int, file_mib: float, args) -> None:

@@ -7,6 +7,7 @@ tensors (the refusal becomes UnsafeCheckpointError).
 from __future__ import annotations
 
 import json
+import math
 import pickle
 import zipfile
 from pathlib import Path
@@ -124,15 +125,8 @@ def _tensor_infos(path: Path) -> list[TensorInfo]:
             piece = handle.get_slice(name)
             shape = tuple(piece.get_shape())
             dtype = piece.get_dtype()
-            infos.append(TensorInfo(name, shape, dtype, _numel(shape) * _dtype_bytes(dtype), path.name))
+            infos.append(TensorInfo(name, shape, dtype, math.prod(shape) * _dtype_bytes(dtype), path.name))
     return infos
-
-
-def _numel(shape) -> int:
-    count = 1
-    for dim in shape:
-        count *= dim
-    return count
 
 
 def _dtype_bytes(dtype: str) -> int:
