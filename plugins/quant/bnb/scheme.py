@@ -7,6 +7,7 @@ embeddings, the LM head and skipped modules stay in full precision, as in transf
 """
 from __future__ import annotations
 
+import importlib
 import re
 
 import torch
@@ -47,7 +48,9 @@ class _BnbScheme:
                            output_partition_sizes=output_partition_sizes, input_size=input_size,
                            output_size=output_size, dtype=self.params_dtype, prequantized=self.prequantized,
                            log=self.log)
-        layer.weight = self.parameter_class.empty(layout, self.options, layer.shard_ids)
+        # through the package's lazy attribute: the parameter modules import bitsandbytes
+        parameter_class = getattr(importlib.import_module(__package__), self.parameter_class_name)
+        layer.weight = parameter_class.empty(layout, self.options, layer.shard_ids)
 
     def stored_metadata(self) -> dict:
         """What ``BnbFactory.from_checkpoint`` needs to rebuild this scheme for a stored (sharded) model."""
@@ -62,12 +65,7 @@ class _BnbScheme:
 
 class Bnb4bitScheme(_BnbScheme):
     options: FourBitOptions
-
-    @property
-    def parameter_class(self):
-        from .params4 import Bnb4bitParameter  # noqa: PLC0415 - imports bitsandbytes
-
-        return Bnb4bitParameter
+    parameter_class_name = "Bnb4bitParameter"
 
     @property
     def name(self) -> str:
@@ -92,12 +90,7 @@ class Bnb4bitScheme(_BnbScheme):
 
 class Bnb8bitScheme(_BnbScheme):
     options: Int8Options
-
-    @property
-    def parameter_class(self):
-        from .params8 import Bnb8bitParameter  # noqa: PLC0415 - imports bitsandbytes
-
-        return Bnb8bitParameter
+    parameter_class_name = "Bnb8bitParameter"
 
     @property
     def name(self) -> str:
