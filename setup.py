@@ -1,19 +1,9 @@
-"""Maps core/, plugins/ and kernels/ into the single `toolkit` import namespace.
+"""Package list for the single ``toolkit`` distribution (metadata lives in pyproject.toml).
 
-pyproject.toml holds the metadata; this file only computes the package list, so a new
-sub-package (say plugins/loaders/newformat/) needs no edit here.
+Everything sits under toolkit/ (toolkit/core, toolkit/plugins, toolkit/kernels), so the
+repository root on ``sys.path`` exposes one name, ``toolkit``, and never shadows a PyPI
+package such as ``kernels``. A new sub-package needs no edit here.
 """
 from setuptools import find_packages, setup
 
-ROOTS = {"toolkit": "toolkit", "toolkit.core": "core", "toolkit.plugins": "plugins", "toolkit.kernels": "kernels"}
-
-
-def _packages() -> list[str]:
-    found = []
-    for namespace, folder in ROOTS.items():
-        found.append(namespace)
-        found += [f"{namespace}.{sub}" for sub in find_packages(folder)]
-    return found
-
-
-setup(package_dir=ROOTS, packages=_packages(), package_data={"toolkit.kernels": ["*.json"]})
+setup(packages=find_packages(include=["toolkit", "toolkit.*"]), package_data={"toolkit.kernels": ["*.json"]})

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-CORE = Path(__file__).resolve().parents[1] / "core"
+CORE = Path(__file__).resolve().parents[1] / "toolkit" / "core"
 FORBIDDEN_PACKAGE = "toolkit.plugins"
 
 # Formats and schemes that only plugins may name. Letters/digits may not touch a match on
