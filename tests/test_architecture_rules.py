@@ -13,7 +13,10 @@ from pathlib import Path
 
 import pytest
 
-CORE = Path(__file__).resolve().parents[1] / "toolkit" / "core"
+import toolkit.core
+
+# The installed package's own files (an editable install or a wheel run from a copy of tests/).
+CORE = Path(toolkit.core.__file__).resolve().parent
 FORBIDDEN_PACKAGE = "toolkit.plugins"
 
 # Formats and schemes that only plugins may name. Letters/digits may not touch a match on

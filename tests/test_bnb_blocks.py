@@ -1,24 +1,31 @@
-"""Cutting packed 4-bit data and its statistics for one rank: the slice must dequantize (with
-bitsandbytes' own dequantize_4bit) to exactly the same values as the whole tensor's slice."""
+"""Cutting packed 4-bit data and its statistics for one rank: the slice must dequantize to exactly
+the same values as the whole tensor's slice.
+
+Oracle: ``reference_dequantize_4bit`` (plain torch from bitsandbytes' format and code tables),
+itself checked against bitsandbytes' ``dequantize_4bit`` on row-aligned weights, where every
+bitsandbytes kernel is right; on rows that cut blocks its AVX-512 CPU kernel is not (see
+toolkit/plugins/quant/bnb/dequant.py), which the last tests pin down."""
 from __future__ import annotations
 
 import pytest
 import torch
 from bitsandbytes.functional import dequantize_4bit, quantize_4bit
 
-from toolkit.plugins.quant.bnb import blocks
+from toolkit.plugins.quant.bnb import blocks, dequant
+
+from test_bnb_fixtures import reference_dequantize_4bit
 
 
 def _quantized(rows, cols, *, block_size=64, double_quant=True, quant_type="nf4", seed=0):
     weight = torch.randn(rows, cols, generator=torch.Generator().manual_seed(seed))
     packed, state = quantize_4bit(weight, blocksize=block_size, compress_statistics=double_quant,
                                   quant_type=quant_type)
-    return packed.reshape(-1), state, dequantize_4bit(packed, state)
+    return packed.reshape(-1), state, reference_dequantize_4bit(packed, state)
 
 
 def _dense(cut):
     packed, state = cut
-    return dequantize_4bit(packed.view(-1, 1), state)
+    return dequant.dequantize_4bit(packed.view(-1, 1), state)
 
 
 @pytest.mark.parametrize("double_quant", [False, True])
@@ -61,4 +68,28 @@ def test_requantize_is_bitsandbytes_of_the_dequantized_slice():
     packed, state, full = _quantized(16, 64, double_quant=False)
     cut = blocks.requantize(packed, state, slice(0, 16), slice(0, 32), double_quant=False)
     reference = quantize_4bit(full[:, :32].contiguous(), blocksize=64, quant_type="nf4")
-    torch.testing.assert_close(_dense(cut), dequantize_4bit(*reference), rtol=0, atol=0)
+    torch.testing.assert_close(_dense(cut), reference_dequantize_4bit(*reference), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("double_quant", [False, True])
+@pytest.mark.parametrize("quant_type", ["nf4", "fp4"])
+def test_reference_dequantizer_is_bitsandbytes_on_aligned_rows(double_quant, quant_type):
+    for rows, cols in ((64, 128), (8, 64), (1, 4096)):
+        packed, state, reference = _quantized(rows, cols, double_quant=double_quant, quant_type=quant_type)
+        torch.testing.assert_close(reference, dequantize_4bit(packed.view(-1, 1), state), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("double_quant", [False, True])
+@pytest.mark.parametrize("shape", [(64, 32), (32, 96), (128, 48), (8, 40)])
+def test_rows_that_cut_blocks_dequantize_exactly(shape, double_quant):
+    """Regression: on AVX-512 CPUs bitsandbytes 0.50's dequantize_4bit scaled these rows wrong."""
+    packed, state, reference = _quantized(*shape, double_quant=double_quant)
+    torch.testing.assert_close(dequant.dequantize_4bit(packed.view(-1, 1), state), reference, rtol=0, atol=0)
+
+
+def test_matmul_on_rows_that_cut_blocks_is_exact():
+    from toolkit.plugins.quant.bnb.kernels import bnb_4bit_matmul
+
+    packed, state, reference = _quantized(64, 32)
+    x = torch.randn(5, 32, generator=torch.Generator().manual_seed(1))
+    torch.testing.assert_close(bnb_4bit_matmul(x, packed, state), x @ reference.T, rtol=1e-6, atol=1e-6)

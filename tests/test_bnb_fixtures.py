@@ -7,12 +7,13 @@ with that reason where it is missing, while the checks against bitsandbytes' own
 from __future__ import annotations
 
 import importlib.util
+import math
 from pathlib import Path
 
 import pytest
 import torch
 import transformers as tf
-from bitsandbytes.functional import dequantize_4bit, int8_vectorwise_dequant
+from bitsandbytes.functional import get_4bit_type, int8_vectorwise_dequant
 
 from hf_fixtures import randomize
 
@@ -42,11 +43,32 @@ def write_llama(path: Path, sizes: dict, *, seed: int = 0, vocab: int = 1000) ->
     return model
 
 
+def exact_cpu_path(model):
+    """Keep transformers' bitsandbytes layers on bitsandbytes' exact 4-bit matmul on the CPU.
+
+    On CPUs with AVX512-BF16, bitsandbytes' ``Linear4bit.forward`` repacks its weight on the first
+    call into a CPU layout whose block scales are bf16, so the oracle would then compute with
+    rounded scales (logits off by ~1e-3) and its stored weight would no longer be the checkpoint's.
+    Turning that repacking off leaves transformers' modeling code and ``bnb.matmul_4bit`` on the
+    checkpoint's own packed data, the same on every CPU. Returns ``model``.
+    """
+    for module in model.modules():
+        if hasattr(module, "support_avx512bf16_for_cpu"):
+            module.support_avx512bf16_for_cpu = False
+    return model
+
+
 def hf_bnb_model(path: Path, kind: str):
     """transformers loading ``path`` with the matching BitsAndBytesConfig (fp32 compute, CPU)."""
     config = tf.BitsAndBytesConfig(bnb_4bit_compute_dtype=torch.float32, **BNB_CONFIGS[kind])
-    return tf.AutoModelForCausalLM.from_pretrained(path, quantization_config=config, dtype=torch.float32,
-                                                   device_map="cpu").eval()
+    return exact_cpu_path(tf.AutoModelForCausalLM.from_pretrained(path, quantization_config=config,
+                                                                  dtype=torch.float32, device_map="cpu").eval())
+
+
+def hf_quantized_checkpoint(path: Path, **kwargs):
+    """transformers' own view of a pre-quantized checkpoint on the CPU (what a user of that file gets)."""
+    return exact_cpu_path(tf.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, device_map="cpu",
+                                                                  **kwargs).eval())
 
 
 def hf_logits(model, ids=PROMPT) -> torch.Tensor:
@@ -54,11 +76,34 @@ def hf_logits(model, ids=PROMPT) -> torch.Tensor:
         return model(torch.tensor([ids])).logits[0].float()
 
 
+def reference_dequantize_4bit(packed: torch.Tensor, state) -> torch.Tensor:
+    """A plain-torch 4-bit dequantizer written from bitsandbytes' format, for use as an oracle.
+
+    bitsandbytes stores two codes per byte (high nibble first) over the flattened weight, one
+    float scale per ``blocksize`` codes (with double quantization: 8-bit scales, each
+    ``code2[q] * absmax2[block of 256] + offset``), and maps codes through its NF4/FP4 table
+    (``get_4bit_type``). Written out here because bitsandbytes' own AVX-512 CPU kernel mis-scales
+    weights whose rows cut blocks, so the library cannot be its own oracle on every CPU.
+    """
+    shape = tuple(int(n) for n in state.shape)
+    numel = math.prod(shape)
+    raw = packed.contiguous().view(torch.uint8).reshape(-1)
+    codes = torch.stack([raw >> 4, raw & 0x0F], dim=-1).reshape(-1)[:numel].long()
+    absmax = state.absmax
+    if state.nested:
+        inner = state.state2
+        scales = inner.absmax.float().repeat_interleave(inner.blocksize)[: absmax.numel()]
+        absmax = inner.code.float()[absmax.long()] * scales + state.offset
+    per_value = absmax.float().repeat_interleave(state.blocksize)[:numel]
+    table = get_4bit_type(state.quant_type, device="cpu").float()
+    return (table[codes] * per_value).reshape(shape).to(state.dtype)
+
+
 def hf_dequantized(module) -> torch.Tensor:
     """The full-precision weight a transformers bitsandbytes Linear computes with."""
     weight = module.weight
     if hasattr(weight, "quant_state") and weight.quant_state is not None:
-        return dequantize_4bit(weight.data, weight.quant_state)
+        return reference_dequantize_4bit(weight.data, weight.quant_state)
     # Linear8bitLt moves SCB from the weight to its matmul state on its first forward
     scb = getattr(weight, "SCB", None) if getattr(weight, "SCB", None) is not None else module.state.SCB
     return int8_vectorwise_dequant(weight.data, scb)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from bitsandbytes.functional import dequantize_4bit, int8_vectorwise_dequant, int8_vectorwise_quant, quantize_4bit
+from bitsandbytes.functional import int8_vectorwise_dequant, int8_vectorwise_quant, quantize_4bit
 
 import toolkit
 from toolkit.core.config import LoadConfig
@@ -22,7 +22,7 @@ from toolkit.core.load import load_local
 from toolkit.core.parallel import ParallelContext
 
 from test_bnb_fixtures import (ALIGNED, PROMPT, SMALL, hf_bnb_model, hf_logits, needs_accelerate, our_weights, rank_weights,
-                               write_llama)
+                               reference_dequantize_4bit, write_llama)
 
 ATOL = 1e-6
 SPECS = {"nf4": "bnb-nf4", "nf4-dq": "bnb-nf4:double_quant=true", "fp4": "bnb-fp4", "int8": "bnb-int8"}
@@ -47,7 +47,7 @@ def _bnb_roundtrip(weight: torch.Tensor, kind: str, block_size: int = 64) -> tor
         return int8_vectorwise_dequant(data, scb)
     packed, state = quantize_4bit(weight.contiguous(), blocksize=block_size, quant_type=kind[:3],
                                   compress_statistics=kind.endswith("-dq"))
-    return dequantize_4bit(packed, state)
+    return reference_dequantize_4bit(packed, state)
 
 
 def _expected_rank(dense_model, layer: int, rank: int, tp: int, kind: str, block_size: int = 64):

@@ -22,8 +22,8 @@ from toolkit.core.config import LoadConfig
 from toolkit.core.load import load_local
 from toolkit.core.parallel import ParallelContext
 
-from test_bnb_fixtures import (ALIGNED, HAS_ACCELERATE, PROMPT, SMALL, hf_bnb_model, hf_logits, our_weights,
-                               rank_weights, write_llama)
+from test_bnb_fixtures import (ALIGNED, HAS_ACCELERATE, PROMPT, SMALL, hf_bnb_model, hf_logits, hf_quantized_checkpoint,
+                               our_weights, rank_weights, write_llama)
 
 pytestmark = pytest.mark.skipif(not HAS_ACCELERATE, reason="saving with transformers' bitsandbytes needs accelerate")
 ATOL, ATOL_TP = 1e-6, 1e-5
@@ -45,9 +45,7 @@ class Saved:
 
 def hf_bnb_model_reloaded(path):
     """transformers' own view of a pre-quantized checkpoint (what a user of that file gets)."""
-    import transformers as tf  # noqa: PLC0415
-
-    return tf.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, device_map="cpu").eval()
+    return hf_quantized_checkpoint(path)
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,7 @@ from toolkit.core.errors import ConversionError
 from toolkit.core.parallel import ParallelContext
 from toolkit.plugins.loaders.bnb import BnbLoader
 
-from test_bnb_fixtures import PROMPT, needs_accelerate
+from test_bnb_fixtures import PROMPT, hf_quantized_checkpoint, needs_accelerate
 
 ATOL = 1e-6
 SPECS = ["bnb-nf4", "bnb-fp4:double_quant=true,block_size=128", "bnb-int8"]
@@ -42,7 +42,7 @@ def test_saved_checkpoint_reloads_identically(tiny_llama, tmp_path, spec):
 def test_transformers_loads_our_checkpoint(tiny_llama, tmp_path, spec):
     ours = toolkit.load(tiny_llama.path, quant=spec, device="cpu")
     BnbLoader().save(ours, tmp_path / "out")
-    hf = tf.AutoModelForCausalLM.from_pretrained(tmp_path / "out", dtype=torch.float32, device_map="cpu").eval()
+    hf = hf_quantized_checkpoint(tmp_path / "out")
     linear = hf.model.layers[0].self_attn.k_proj
     assert type(linear).__name__ == ("Linear8bitLt" if "int8" in spec else "Linear4bit")
     with torch.no_grad():
@@ -73,13 +73,12 @@ def test_qkv_bias_model_round_trips_through_transformers(tmp_path):
     save_hf_model(tmp_path / "dense", "qwen2")
     ours = toolkit.load(tmp_path / "dense", quant="bnb-nf4", device="cpu")
     config = tf.BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=torch.float32)
-    hf = tf.AutoModelForCausalLM.from_pretrained(tmp_path / "dense", quantization_config=config, dtype=torch.float32,
-                                                 device_map="cpu").eval()
+    hf = hf_quantized_checkpoint(tmp_path / "dense", quantization_config=config)
     with torch.no_grad():
         reference = hf(torch.tensor([PROMPT])).logits[0]
     torch.testing.assert_close(ours.logits(PROMPT), reference, rtol=0, atol=ATOL)
     BnbLoader().save(ours, tmp_path / "out")
-    again = tf.AutoModelForCausalLM.from_pretrained(tmp_path / "out", dtype=torch.float32, device_map="cpu").eval()
+    again = hf_quantized_checkpoint(tmp_path / "out")
     with torch.no_grad():
         torch.testing.assert_close(again(torch.tensor([PROMPT])).logits[0], reference, rtol=0, atol=ATOL)
 

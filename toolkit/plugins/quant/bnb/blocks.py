@@ -17,7 +17,9 @@ is exact: it is the same computation bitsandbytes performs before every dequanti
 from __future__ import annotations
 
 import torch
-from bitsandbytes.functional import QuantState, dequantize_4bit, dequantize_blockwise, quantize_4bit
+from bitsandbytes.functional import QuantState, dequantize_blockwise, quantize_4bit
+
+from .dequant import dequantize_4bit
 
 Packed = tuple[torch.Tensor, QuantState]  # flat uint8 bytes and their state
 

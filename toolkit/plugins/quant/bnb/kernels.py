@@ -25,9 +25,18 @@ logging.getLogger("bitsandbytes.autograd._functions").addFilter(_DropFp16CastWar
 
 
 def bnb_4bit_matmul(x: torch.Tensor, packed: torch.Tensor, quant_state, bias: torch.Tensor | None = None):
-    """``x @ dequantize_4bit(packed, quant_state).T + bias`` through ``bitsandbytes.matmul_4bit``."""
+    """``x @ dequantize_4bit(packed, quant_state).T + bias`` through ``bitsandbytes.matmul_4bit``.
+
+    Weights whose rows cut quantization blocks take the same two steps (dequantize, then
+    ``linear``, which is what bitsandbytes' CPU matmul does) through ``dequant.dequantize_4bit``,
+    because bitsandbytes' AVX-512 kernel mis-scales them (see dequant.py).
+    """
     import bitsandbytes as bnb  # noqa: PLC0415
 
+    from .dequant import dequantize_4bit, needs_flat_view  # noqa: PLC0415
+
+    if needs_flat_view(quant_state):
+        return torch.nn.functional.linear(x, dequantize_4bit(packed, quant_state).to(x.dtype), bias)
     return bnb.matmul_4bit(x, packed.view(-1, 1), quant_state=quant_state, bias=bias)
 
 

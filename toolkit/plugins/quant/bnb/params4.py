@@ -7,11 +7,12 @@ from a pre-quantized checkpoint (sliced on block boundaries, else re-quantized; 
 from __future__ import annotations
 
 import torch
-from bitsandbytes.functional import QuantState, dequantize_4bit
+from bitsandbytes.functional import QuantState
 
 from toolkit.core.errors import MissingTensorError, ShapeMismatchError, ShardingError, UnexpectedTensorError
 
 from . import blocks
+from .dequant import dequantize_4bit
 from .layout import Layout, Region, SegmentedParameter
 from .options import FourBitOptions
 from .tensors import Bnb4bitTensor, state_meta

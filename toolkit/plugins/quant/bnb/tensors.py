@@ -45,7 +45,7 @@ class Bnb4bitTensor:
 
     def to_dense(self) -> torch.Tensor:
         """The dequantized [rows, cols] weight (bitsandbytes' own dequantize_4bit)."""
-        from bitsandbytes.functional import dequantize_4bit  # noqa: PLC0415 - imported on use (see __init__)
+        from .dequant import dequantize_4bit  # noqa: PLC0415 - bitsandbytes is imported on use (see __init__)
 
         state = self.quant_state()
         return dequantize_4bit(self.packed_bytes(), state).reshape(tuple(state.shape))
