@@ -10,7 +10,7 @@ norms (qwen3), tied and untied LM heads, a sharded checkpoint index.
 """
 from __future__ import annotations
 
-import multiprocessing
+import ast
 import os
 import signal
 import subprocess
@@ -224,6 +224,14 @@ def test_errors_cross_the_pipe_as_their_own_type():
     assert type(rebuilt) is WorkerError and "rank 0" in str(rebuilt) and "Local: odd" in str(rebuilt)
 
 
+def _child_pids() -> set[int]:
+    """Live child processes of this process (Linux /proc), zombies excluded."""
+    pids = set()
+    for task in Path("/proc/self/task").iterdir():
+        pids |= {int(pid) for pid in (task / "children").read_text().split()}
+    return {pid for pid in pids if "Z" not in Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[:1]}
+
+
 def test_load_error_on_workers_raises_typed_error(model_paths, tmp_path):
     from safetensors.torch import load_file, save_file  # noqa: PLC0415
 
@@ -232,12 +240,12 @@ def test_load_error_on_workers_raises_typed_error(model_paths, tmp_path):
     tensors = load_file(source / "model.safetensors")
     del tensors["model.layers.1.mlp.down_proj.weight"]
     save_file(tensors, tmp_path / "model.safetensors", metadata={"format": "pt"})
-    before = {child.pid for child in multiprocessing.active_children()}
+    before = _child_pids()
     with pytest.raises(MissingTensorError, match="down_proj") as info:
         toolkit.load(tmp_path, tp=2, device="cpu")
     assert info.value.tp_rank == 0 and info.value.tensor is not None  # rebuilt with its attributes
     assert "MissingTensorError" in str(info.value.__cause__)
-    assert {child.pid for child in multiprocessing.active_children()} <= before
+    assert _child_pids() <= before  # the failed load's workers were reaped
 
 
 def test_stuck_rank_is_shut_down_not_waited_for(model_paths):
@@ -262,6 +270,38 @@ def test_dead_worker_is_detected_and_others_stopped(model_paths):
         handle.generate(prompt_for("qwen3-qknorm-untied-sharded-smallvocab"), NEW_TOKENS)
     assert _gone(pids)
     handle.close()  # already closed by the failure: a no-op
+
+
+# ---- callers whose __main__ cannot be re-run: workers must never need it ------------------------------
+
+_UNGUARDED_SCRIPT = """
+import toolkit
+handle = toolkit.load({path!r}, tp=2, device="cpu")
+print("LOGITS", handle.logits({prompt!r})[-1, :4].tolist())
+handle.close()
+"""
+
+
+@pytest.mark.parametrize("how", ["stdin", "-c"])
+def test_script_without_main_guard_loads_with_tp(model_paths, expected, how, tmp_path):
+    """``python - <<EOF`` and ``python -c`` (no file to re-run, no __main__ guard) start workers fine."""
+    name = "llama-mqa-untied"
+    script = _UNGUARDED_SCRIPT.format(path=str(model_paths[name]), prompt=prompt_for(name))
+    command = [sys.executable, "-"] if how == "stdin" else [sys.executable, "-c", script]
+    done = subprocess.run(command, input=script if how == "stdin" else None, capture_output=True, text=True,
+                          timeout=180, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-4000:]
+    line = next(line for line in done.stdout.splitlines() if line.startswith("LOGITS"))
+    torch.testing.assert_close(torch.tensor(ast.literal_eval(line.split(" ", 1)[1])), expected[name][0][-1, :4], atol=1e-5, rtol=0)
+
+
+def test_functions_from_the_calling_script_are_refused_clearly(handles):
+    def local(loaded):
+        return 1
+
+    local.__module__ = "__main__"  # what a function defined in a script run as __main__ looks like
+    with pytest.raises(TypeError, match="never run the calling script"):
+        handles["llama-mqa-untied"].run(local)
 
 
 # ---- torchrun: each rank calls toolkit.load(tp=2) itself --------------------------------------------

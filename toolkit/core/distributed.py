@@ -3,7 +3,7 @@
 * **Under a launcher** (torchrun sets WORLD_SIZE, RANK, LOCAL_RANK): every rank joins the
   process group and gets a LoadedModel holding its own shard. The caller drives all ranks in
   lockstep (every rank calls ``logits``/``generate`` with the same input).
-* **From one process**: N spawned workers each load one shard and serve calls; the caller
+* **From one process**: N worker processes (fresh interpreters, see tp_process) each load one shard and serve calls; the caller
   gets a ParallelModel whose calls run on every rank. Models and tokenizers stay in the
   workers; only pickled Python values and CPU tensors cross the pipes.
 
@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import atexit
 import dataclasses
-import multiprocessing
 import os
 import pickle
 import threading
@@ -28,8 +27,9 @@ from .api import load_on_rank
 from .config import LoadConfig
 from .load import Progress
 from .parallel import free_local_port, init_tensor_parallel
+from .tp_process import start_worker
 from .tp_worker import (ParallelError, RemoteTraceback, WorkerDiedError, WorkerError, add_note, dumps,
-                        rank_device, rebuild_error, send_quietly, to_cpu, worker_main)
+                        rank_device, rebuild_error, send_quietly, to_cpu)
 
 __all__ = ["ParallelError", "ParallelModel", "RemoteTraceback", "WorkerDiedError", "WorkerError", "load_parallel"]
 
@@ -98,31 +98,24 @@ class ParallelModel:
         self._closed = False
         self._lock = threading.RLock()
         self._tokenizer, self._has_tokenizer = None, False
-        context = multiprocessing.get_context("spawn")
         init_method = f"tcp://127.0.0.1:{free_local_port()}"
         try:
             for rank in range(tp):
-                self._start_worker(context, rank, init_method, progress is not None and rank == 0)
+                self._start_worker(rank, init_method, progress is not None and rank == 0)
             self.config, self.report = self._collect(progress)[0]
         except BaseException as exc:
             self._shutdown(graceful=False)
             if isinstance(exc, WorkerDiedError):
-                add_note(exc, "a worker that dies while starting often means a script calls toolkit.load(tp>1) "
-                               "at import time: spawned workers re-import __main__, so guard it with "
-                               "`if __name__ == '__main__':` (the worker's stderr has the details)")
+                add_note(exc, "the worker's own error is on its stderr, above")
             raise
         self.report.notes.append(f"tensor parallel over {tp} worker processes; figures are rank 0's")
         _LIVE_HANDLES.add(self)
 
-    def _start_worker(self, context, rank: int, init_method: str, send_progress: bool) -> None:
-        parent_end, child_end = context.Pipe()
-        process = context.Process(target=worker_main, name=f"toolkit-tp-rank{rank}", daemon=True,
-                                  args=(rank, self.tp_size, init_method, self._ref, self._load_config, child_end,
-                                        send_progress))
-        process.start()
-        child_end.close()  # the child's copy is its own; ours would hide its EOF
+    def _start_worker(self, rank: int, init_method: str, send_progress: bool) -> None:
+        process, conn = start_worker(dict(rank=rank, world_size=self.tp_size, init_method=init_method, ref=self._ref,
+                                          load_config=self._load_config, send_progress=send_progress))
         self._processes.append(process)
-        self._conns.append(parent_end)
+        self._conns.append(conn)
 
     # ---- the LoadedModel interface ------------------------------------------------------------
     def logits(self, token_ids) -> torch.Tensor:
@@ -157,6 +150,9 @@ class ParallelModel:
         return self._call(fn, args, kwargs, wanted_ranks=None)
 
     def _call(self, fn, args: tuple, kwargs: dict, *, wanted_ranks: tuple | None) -> list:
+        if getattr(fn, "__module__", None) == "__main__":
+            raise TypeError(f"run() sends {fn!r} to the workers by module and name, and workers never run the "
+                            "calling script (__main__); define the function in an importable module")
         try:
             message = dumps(("call", fn, to_cpu(args), to_cpu(kwargs), wanted_ranks))
         except Exception as exc:
@@ -229,7 +225,8 @@ class ParallelModel:
 
     def _receive_round(self, pending: set, replies: dict, errors: dict, progress: Progress | None) -> None:
         conns = {self._conns[rank]: rank for rank in pending}
-        sentinels = {self._processes[rank].sentinel: rank for rank in pending}
+        sentinels = {self._processes[rank].sentinel: rank for rank in pending
+                     if self._processes[rank].sentinel is not None}
         ready = connection.wait([*conns, *sentinels], timeout=POLL_SECONDS)
         for conn in (item for item in ready if item in conns):
             rank = conns[conn]
@@ -289,6 +286,8 @@ class ParallelModel:
                 process.join()
         for conn in self._conns:
             conn.close()
+        for process in self._processes:
+            process.close()
 
 
 def _logits(loaded, token_ids):
