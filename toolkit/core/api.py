@@ -5,7 +5,7 @@ import os
 
 import torch
 
-from .config import LoadConfig, parse_dtype
+from .config import LoadConfig, parse_device, parse_dtype
 from .load import Progress, load_local
 from .loaded import LoadedModel
 from .parallel import SINGLE, ParallelContext
@@ -27,7 +27,7 @@ def load(ref, format: str | None = None, quant: str | None = None, dtype: str | 
         a handle whose calls run on all ranks.
     :returns: LoadedModel (``.model .config .tokenizer .report .logits() .generate()``)
     """
-    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    device = parse_device(device)
     load_config = LoadConfig(format=format, quant=quant, dtype=parse_dtype(dtype), device=device, tokenizer=tokenizer)
     if tp > 1 or int(os.environ.get("WORLD_SIZE", "1")) > 1:
         from . import distributed  # noqa: PLC0415 - only multi-rank loads need it

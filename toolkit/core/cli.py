@@ -16,6 +16,7 @@ import typer
 
 from .cli_info import inspect_command, plugins_command
 from .cli_load import current_registry, load_command
+from . import threads
 from .errors import PluginConflictError, ToolkitError
 
 # Core modules that add commands with ``register(app)``; either may be absent in a given build.
@@ -91,18 +92,48 @@ def _one_line_warning(message, category, filename, lineno, line=None) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Console-script entry point (``toolkit``, ``python -m toolkit``)."""
+    """Console-script entry point (``toolkit``, ``python -m toolkit``).
+
+    Every failure ends in one ``error: ...`` line on stderr and a non-zero status: a ToolkitError
+    or an option the command line could not parse (status 1 and 2; ``TOOLKIT_DEBUG=1`` shows
+    the traceback), and Ctrl-C (status 130).
+    """
     debug = os.environ.get("TOOLKIT_DEBUG") == "1"
+    threads.enable()  # a command owns its process: fit CPU threads to the cores others leave free
     original_format = warnings.formatwarning
     if not debug:
         warnings.formatwarning = _one_line_warning
     try:
-        command = typer.main.get_command(build_app())
-        command.main(args=argv, prog_name="toolkit")
+        sys.exit(_run(typer.main.get_command(build_app()), argv))
     except ToolkitError as exc:
         if debug:
             raise
-        typer.echo(f"error: {exc}", err=True)
-        sys.exit(1)
+        _fail(str(exc), 1)
+    except KeyboardInterrupt:
+        _fail("interrupted", 130)
     finally:
         warnings.formatwarning = original_format
+
+
+def _run(command, argv: list[str] | None) -> int:
+    """Run the click command without its own error handling; click's usage errors become one line."""
+    # typer (0.29 vendors its own click) exports Exit, Abort and the base of click's errors.
+    try:
+        command.main(args=argv, prog_name="toolkit", standalone_mode=False)
+    except typer.Exit as exc:  # --help and friends
+        return exc.exit_code
+    except typer.Abort:
+        raise KeyboardInterrupt from None
+    except typer.TyperException as exc:
+        ctx = getattr(exc, "ctx", None)
+        if type(exc).__name__ == "NoArgsIsHelpError" and ctx is not None:  # bare ``toolkit``: show the help
+            typer.echo(ctx.get_help())
+            return 0
+        hint = f" (see {ctx.command_path} --help)" if ctx is not None else ""
+        _fail(exc.format_message() + hint, getattr(exc, "exit_code", 2))
+    return 0
+
+
+def _fail(message: str, status: int) -> None:
+    typer.echo(f"error: {message}", err=True)
+    sys.exit(status)

@@ -12,6 +12,7 @@ from typing import Annotated, Optional
 import typer
 
 from .errors import SourceError, ToolkitError
+from .units import format_rate
 
 DEFAULT_PROMPT = "The capital of France is"
 DTYPE_CHOICES = ("fp32", "fp16", "bf16", "float32", "float16", "bfloat16")
@@ -76,7 +77,7 @@ def _complete(loaded, prompt: str, max_tokens: int) -> None:
     seconds = time.perf_counter() - start
     text = tokenizer.decode(new_ids, skip_special_tokens=True)
     rate = len(new_ids) / max(seconds, 1e-9)
-    typer.echo(f"completion    {len(new_ids)} tokens in {seconds:.2f}s ({rate:.1f} tok/s)")
+    typer.echo(f"completion    {len(new_ids)} tokens in {seconds:.2f}s ({format_rate(rate)} tok/s)")
     typer.echo(f"\n{prompt}{text}")
 
 
@@ -101,8 +102,10 @@ def load_command(
 
     Example:  toolkit load ./my-llama --dtype bf16 --prompt "Hello, my name is" --max-tokens 20
     """
-    if dtype is not None and dtype not in DTYPE_CHOICES:
-        raise typer.BadParameter(f"{dtype!r} is not one of {', '.join(DTYPE_CHOICES)}", param_hint="--dtype")
+    from .config import parse_device, parse_dtype  # noqa: PLC0415 - torch only once a command runs
+
+    parse_dtype(dtype)
+    parse_device(device)  # before any load time is spent
     reference, is_default = resolve_model(model, format)
     if is_default:
         typer.echo(f"model         {reference} (default of loader {format!r})")

@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from .errors import MissingMetadataError
+from .errors import MissingMetadataError, OptionError
 
 
 @dataclass
@@ -114,8 +114,39 @@ DTYPES = {"fp32": torch.float32, "float32": torch.float32, "fp16": torch.float16
 
 
 def parse_dtype(value: str | torch.dtype | None) -> torch.dtype | None:
+    """``fp32``/``fp16``/``bf16`` (and their long names) as a torch dtype; OptionError otherwise."""
     if value is None or isinstance(value, torch.dtype):
         return value
     if value not in DTYPES:
-        raise ValueError(f"unknown dtype {value!r}; choose one of {', '.join(DTYPES)}")
+        raise OptionError(f"unknown dtype {value!r}; choose one of {', '.join(DTYPES)}")
     return DTYPES[value]
+
+
+def parse_device(value: str | torch.device | None) -> torch.device:
+    """The device to load onto: ``cpu``, ``cuda`` or ``cuda:N`` (default: cuda if available, else cpu).
+
+    Raises OptionError for a name torch does not know, a device type toolkit does not run on,
+    and a CUDA device this torch build or machine does not have.
+    """
+    if value is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(value)
+    except (RuntimeError, TypeError, ValueError):
+        raise OptionError(f"unknown device {value!r}; use cpu, cuda or cuda:N") from None
+    if device.type not in ("cpu", "cuda"):
+        raise OptionError(f"device {value!r} is not supported; use cpu, cuda or cuda:N")
+    if device.type == "cuda":
+        _check_cuda(value, device)
+    return device
+
+
+def _check_cuda(value, device: torch.device) -> None:
+    if torch.version.cuda is None:
+        raise OptionError(f"device {value!r}: this torch ({torch.__version__}) was built without CUDA; "
+                          "use --device cpu or install a CUDA build of torch")
+    count = torch.cuda.device_count()
+    if count == 0:
+        raise OptionError(f"device {value!r}: no CUDA device is visible (check CUDA_VISIBLE_DEVICES and the driver)")
+    if device.index is not None and device.index >= count:
+        raise OptionError(f"device {value!r}: only {count} CUDA device(s) visible (cuda:0..cuda:{count - 1})")

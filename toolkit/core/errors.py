@@ -34,6 +34,10 @@ class UnknownArchitectureError(UnknownNameError):
         super().__init__("architecture", name, known)
 
 
+class OptionError(ToolkitError, ValueError):
+    """A caller's option that cannot work here (unknown dtype or device, a device this torch lacks)."""
+
+
 class SourceError(ToolkitError):
     """A model reference that does not resolve to readable files."""
 

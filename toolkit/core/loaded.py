@@ -16,6 +16,7 @@ from .config import ModelConfig
 from .layers.attention import Attention, AttentionMetadata
 from .parallel import ParallelContext
 from .report import LoadReport
+from .threads import CoreShare
 
 BLOCK_SIZE = 16
 
@@ -48,8 +49,13 @@ class LoadedModel:
         cache = _SingleSequenceCache(self.model, len(prompt) + max_new_tokens, self.device, self.scheme.params_dtype)
         out: list[int] = []
         step_ids, start = prompt, 0
+        cores = CoreShare() if self.device.type == "cpu" else None
+        if cores is not None:
+            cores.settle()
         with cache:
             for _ in range(max_new_tokens):
+                if cores is not None:
+                    cores.adjust()
                 hidden = self.model(*cache.step_inputs(step_ids, start))
                 next_id = int(self.model.compute_logits(hidden[-1:]).argmax(-1))
                 out.append(next_id)

@@ -5,6 +5,8 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
+from .units import format_rate
+
 
 @dataclass
 class LoadReport:
@@ -42,6 +44,6 @@ class LoadReport:
         lines = [f"architecture  {self.architecture}", f"format        {self.format}", f"scheme        {self.scheme}",
                  f"parameters    {self.num_parameters / 1e6:.1f}M ({self.parameter_bytes / 2**20:.1f} MiB on device)",
                  f"read          {self.bytes_read / 2**20:.1f} MiB in {self.tensors_mapped} tensors "
-                 f"({self.tensors_skipped} unused) at {self.gb_per_second:.2f} GB/s",
+                 f"({self.tensors_skipped} unused) at {format_rate(self.gb_per_second)} GB/s",
                  f"time          {self.total_seconds:.2f}s ({phases})"]
         return lines + [f"note          {note}" for note in self.notes]

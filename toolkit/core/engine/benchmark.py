@@ -12,6 +12,7 @@ import time
 
 import torch
 
+from ..units import format_rate
 from .sampling_params import SamplingParams
 
 PERCENTILES = (50, 90, 99)
@@ -78,11 +79,11 @@ def run(llm, batch_sizes: list[int], input_len: int, output_len: int, *, warmup:
 
 
 def format_table(rows: list[dict]) -> str:
-    columns = [("batch", "batch_size", "{:d}"), ("out tok/s", "output_tokens_per_s", "{:.1f}"),
+    columns = [("batch", "batch_size", "{:d}"), ("out tok/s", "output_tokens_per_s", format_rate),
                *((f"TTFT p{p} ms", f"ttft_p{p}_ms", "{:.1f}") for p in PERCENTILES),
                *((f"TPOT p{p} ms", f"tpot_p{p}_ms", "{:.2f}") for p in PERCENTILES)]
     header = [name for name, _, _ in columns]
-    body = [[fmt.format(row[key]) for _, key, fmt in columns] for row in rows]
+    body = [[fmt(row[key]) if callable(fmt) else fmt.format(row[key]) for _, key, fmt in columns] for row in rows]
     widths = [max(len(h), *(len(r[i]) for r in body)) for i, h in enumerate(header)]
     lines = ["  ".join(h.rjust(w) for h, w in zip(header, widths))]
     lines += ["  ".join(c.rjust(w) for c, w in zip(r, widths)) for r in body]

@@ -1,6 +1,6 @@
 """Engine commands for the ``toolkit`` CLI: ``generate``, ``chat`` and ``bench``.
 
-``core/cli.py`` calls ``register(app)``; nothing here knows a format.
+``toolkit/core/cli.py`` calls ``register(app)``; nothing here knows a format.
 """
 from __future__ import annotations
 
@@ -11,7 +11,9 @@ from typing import Annotated, Optional
 
 import typer
 
-ModelArg = Annotated[str, typer.Argument(metavar="MODEL", help="Local file or directory, or a hub id.")]
+ModelArg = Annotated[Optional[str], typer.Argument(
+    metavar="MODEL", help="Local file or directory, or a hub id. Optional with --format when that loader ships a "
+                          "default model (toolkit's gguf loader ships Gemma 3 270M Q4_K_M).")]
 FormatOpt = Annotated[Optional[str], typer.Option("--format", "-f", help="Loader to use (default: auto-detect).")]
 QuantOpt = Annotated[Optional[str], typer.Option(help="On-the-fly quantization scheme.")]
 DtypeOpt = Annotated[Optional[str], typer.Option(help="fp32, fp16 or bf16 (default: fp32 on CPU, 16-bit on GPU).")]
@@ -23,7 +25,7 @@ TemperatureOpt = Annotated[float, typer.Option(min=0.0, help="0 = greedy.")]
 TopKOpt = Annotated[int, typer.Option("--top-k", help="Keep the k most likely tokens (0: all).")]
 TopPOpt = Annotated[float, typer.Option("--top-p", help="Nucleus sampling mass (1: off).")]
 MinPOpt = Annotated[float, typer.Option("--min-p", help="Drop tokens below min_p x the top probability.")]
-RepetitionOpt = Annotated[float, typer.Option("--repetition-penalty", help=">1 discourages repeated tokens.")]
+RepetitionOpt = Annotated[float, typer.Option("--repetition-penalty", help="Above 1.0 discourages repeated tokens.")]
 PresenceOpt = Annotated[float, typer.Option("--presence-penalty", help="Subtracted from generated tokens' logits.")]
 FrequencyOpt = Annotated[float, typer.Option("--frequency-penalty", help="Subtracted per occurrence.")]
 SeedOpt = Annotated[Optional[int], typer.Option(help="Seed for reproducible sampling.")]
@@ -31,11 +33,35 @@ StopOpt = Annotated[Optional[list[str]], typer.Option("--stop", help="Stop strin
 StopIdOpt = Annotated[Optional[list[int]], typer.Option("--stop-token-id", help="Stop token id (repeatable).")]
 
 
-def _engine(model: str, format, quant, dtype, device, tp: int, kv_cache_memory, **options):
-    from .llm import LLM  # noqa: PLC0415 - heavy imports only when a command runs
+def _engine(model: str | None, format, quant, dtype, device, tp: int, kv_cache_memory, **options):
+    """The engine over MODEL, or over loader ``format``'s default model when MODEL is omitted.
 
-    return LLM(model, format=format, quant=quant, dtype=dtype, device=device, tp=tp,
+    dtype and device are checked before anything loads, so a typo costs no load time.
+    """
+    from ..cli_load import resolve_model  # noqa: PLC0415 - heavy imports only when a command runs
+    from ..config import parse_device, parse_dtype  # noqa: PLC0415
+    from .llm import LLM  # noqa: PLC0415
+
+    parse_dtype(dtype)
+    parse_device(device)
+    reference, is_default = resolve_model(model, format)
+    if is_default:
+        typer.echo(f"model: {reference} (default of loader {format!r})", err=True)
+    return LLM(reference, format=format, quant=quant, dtype=dtype, device=device, tp=tp,
                kv_cache_memory=kv_cache_memory, **options)
+
+
+def parse_batch_sizes(text: str) -> list[int]:
+    """``"1,8,32"`` -> [1, 8, 32]; OptionError for anything but positive integers."""
+    from ..errors import OptionError  # noqa: PLC0415
+
+    try:
+        sizes = [int(size) for size in text.split(",") if size.strip()]
+    except ValueError:
+        sizes = []
+    if not sizes or min(sizes) < 1:
+        raise OptionError(f"--batch-sizes {text!r}: give positive integers separated by commas, e.g. 1,8,32")
+    return sizes
 
 
 def _params(max_tokens, temperature, top_k, top_p, min_p, repetition_penalty, presence_penalty, frequency_penalty,
@@ -49,7 +75,7 @@ def _params(max_tokens, temperature, top_k, top_p, min_p, repetition_penalty, pr
 
 
 def generate_command(
-        model: ModelArg, prompt: Annotated[Optional[list[str]], typer.Option("--prompt", "-p", help="Prompt (repeatable).")] = None,
+        model: ModelArg = None, prompt: Annotated[Optional[list[str]], typer.Option("--prompt", "-p", help="Prompt (repeatable).")] = None,
         prompts_file: Annotated[Optional[Path], typer.Option("--prompts-file", help="One prompt per line.")] = None,
         stream: Annotated[bool, typer.Option("--stream", help="Print tokens as they are generated.")] = False,
         max_tokens: MaxTokensOpt = 64, temperature: TemperatureOpt = 1.0, top_k: TopKOpt = 0, top_p: TopPOpt = 1.0,
@@ -65,7 +91,9 @@ def generate_command(
     if prompts_file is not None:
         prompts += [line for line in prompts_file.read_text().splitlines() if line.strip()]
     if not prompts:
-        raise typer.BadParameter("give --prompt TEXT (repeatable) or --prompts-file FILE")
+        from ..errors import OptionError  # noqa: PLC0415
+
+        raise OptionError("give --prompt TEXT (repeatable) or --prompts-file FILE")
     params = _params(max_tokens, temperature, top_k, top_p, min_p, repetition_penalty, presence_penalty,
                      frequency_penalty, seed, stop, stop_token_id)
     with _engine(model, format, quant, dtype, device, tp, kv_cache_memory) as llm:
@@ -82,17 +110,26 @@ def generate_command(
 
 
 def chat_command(
-        model: ModelArg, system: Annotated[Optional[str], typer.Option(help="System message.")] = None,
+        model: ModelArg = None, system: Annotated[Optional[str], typer.Option(help="System message.")] = None,
         max_tokens: MaxTokensOpt = 512, temperature: TemperatureOpt = 0.7, top_p: TopPOpt = 0.95,
         seed: SeedOpt = None, format: FormatOpt = None, quant: QuantOpt = None, dtype: DtypeOpt = None,
         device: DeviceOpt = None, tp: TpOpt = 1, kv_cache_memory: KvOpt = None) -> None:
     """Chat interactively using the model's chat template; replies stream. Type /exit (or Ctrl-D) to leave.
 
+    A model without a chat template (base models, the demo GGUF) gets a plain "User: / Assistant:"
+    transcript instead, and a note saying so (toolkit/core/engine/plain_chat.py documents it).
+
     Example:  toolkit chat Qwen/Qwen2.5-0.5B-Instruct --system "Be brief." --temperature 0.7
     """
-    params = _params(max_tokens, temperature, 0, top_p, 0.0, 1.0, 0.0, 0.0, seed, None, None)
+    from . import plain_chat  # noqa: PLC0415
+
     history = [{"role": "system", "content": system}] if system else []
     with _engine(model, format, quant, dtype, device, tp, kv_cache_memory) as llm:
+        templated = llm.has_chat_template()
+        if not templated:
+            typer.echo("note: this model has no chat template; using a plain 'User: / Assistant:' transcript", err=True)
+        stops = None if templated else list(plain_chat.STOP_STRINGS)
+        params = _params(max_tokens, temperature, 0, top_p, 0.0, 1.0, 0.0, 0.0, seed, stops, None)
         while True:
             try:
                 line = input("> ")
@@ -102,7 +139,8 @@ def chat_command(
                 break
             history.append({"role": "user", "content": line})
             reply = []
-            for out in llm.stream(llm.chat_prompt(history), params):
+            prompt = llm.chat_prompt(history) if templated else plain_chat.render(history)
+            for out in llm.stream(prompt, params):
                 typer.echo(out.new_text, nl=False)
                 sys.stdout.flush()
                 reply.append(out.new_text)
@@ -111,7 +149,7 @@ def chat_command(
 
 
 def bench_command(
-        model: ModelArg,
+        model: ModelArg = None,
         batch_sizes: Annotated[str, typer.Option("--batch-sizes", help="Comma-separated batch sizes.")] = "1,8,32",
         input_len: Annotated[int, typer.Option("--input-len", min=1, help="Prompt tokens per request.")] = 128,
         output_len: Annotated[int, typer.Option("--output-len", min=1, help="New tokens per request.")] = 128,
@@ -125,9 +163,7 @@ def bench_command(
     """
     from . import benchmark  # noqa: PLC0415
 
-    sizes = [int(size) for size in batch_sizes.split(",") if size.strip()]
-    if not sizes or min(sizes) < 1:
-        raise typer.BadParameter("--batch-sizes must list positive integers, e.g. 1,8,32")
+    sizes = parse_batch_sizes(batch_sizes)
     with _engine(model, format, quant, dtype, device, tp, kv_cache_memory, max_num_seqs=max(sizes),
                  enable_prefix_caching=False) as llm:
         rows = benchmark.run(llm, sizes, input_len, output_len, temperature=temperature)

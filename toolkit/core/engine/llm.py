@@ -16,7 +16,9 @@ from typing import Iterator, Sequence as Seq
 
 import torch
 
+from ..errors import ToolkitError
 from ..loaded import LoadedModel
+from ..threads import CoreShare
 from .block_manager import BlockManager
 from .executor import LocalExecutor, ParallelExecutor
 from .kv_cache import parse_memory
@@ -28,6 +30,10 @@ from .scheduler import RequestTooLargeError, Scheduler, SchedulerOutput
 from .sequence import Sequence
 
 Prompt = str | Seq[int]
+
+
+class MissingChatTemplateError(ToolkitError, ValueError):
+    """A chat was asked of a model whose tokenizer has no chat template."""
 
 
 class LLM:
@@ -73,6 +79,7 @@ class LLM:
             _cap_caller_threads()
         self.executor = (LocalExecutor if is_local else ParallelExecutor)(model, runner_config)
         self.device = torch.device(model.device) if is_local else torch.device("cpu")
+        self._cores = CoreShare() if is_local and self.device.type == "cpu" else None  # threads that fit free cores
         self.block_size = block_size
         self.block_manager = BlockManager(self.executor.num_blocks, block_size, enable_prefix_caching)
         self.scheduler = Scheduler(self.block_manager, max_num_seqs=max_num_seqs,
@@ -118,6 +125,8 @@ class LLM:
 
     def step(self) -> list[RequestOutput]:
         """Run one batch; returns an output for every request that produced a token (or finished)."""
+        if self._cores is not None:
+            self._cores.adjust()
         scheduled = self.scheduler.schedule()
         if scheduled.is_empty:
             return []
@@ -165,10 +174,16 @@ class LLM:
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
         return self.generate([self.chat_prompt(c) for c in conversations], params)
 
+    def has_chat_template(self) -> bool:
+        """Whether the tokenizer carries a chat template (base models and many GGUFs do not)."""
+        return self.tokenizer is not None and bool(getattr(self.tokenizer, "chat_template", None))
+
     def chat_prompt(self, messages: list[dict]) -> list[int]:
         """Token ids of a conversation rendered by the tokenizer's chat template, ready for a reply."""
-        if self.tokenizer is None or not getattr(self.tokenizer, "chat_template", None):
-            raise ValueError("this model's tokenizer has no chat template; use generate() with a plain prompt")
+        if not self.has_chat_template():
+            raise MissingChatTemplateError("this model's tokenizer has no chat template; use generate() with a plain "
+                                           "prompt, or render the conversation yourself (toolkit chat falls back to "
+                                           "engine/plain_chat.py's format)")
         text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         return self.tokenizer.encode(text, add_special_tokens=False)
 
