@@ -111,9 +111,54 @@ def test_model_without_tokenizer_cannot_complete(tiny_llama, tmp_path, capsys):
     assert f"\nHi{hf_greedy_text(tiny_llama, 'Hi', 3)}\n" in out
 
 
-def test_bad_dtype_is_a_usage_error(tiny_llama, capsys):
-    code, _, err = run_cli(capsys, "load", tiny_llama.path, "--dtype", "int3")
-    assert code == 2 and "int3" in err
+def test_bad_dtype_is_one_line_before_loading(tiny_llama, capsys):
+    code, out, err = run_cli(capsys, "load", tiny_llama.path, "--dtype", "int3")
+    assert code == 1 and err.strip() == ("error: unknown dtype 'int3'; choose one of fp32, float32, fp16, float16, half, "
+                                         "bf16, bfloat16")
+    assert "architecture" not in out  # refused before any load
+
+
+NO_CUDA = "built without CUDA" if torch.version.cuda is None else "CUDA device"
+
+
+@pytest.mark.parametrize("args, message, status", [
+    (["generate", "x", "-p", "hi", "--dtype", "nonsense"], "error: unknown dtype 'nonsense'", 1),
+    (["chat", "x", "--dtype", "nonsense"], "error: unknown dtype 'nonsense'", 1),
+    (["bench", "x", "--dtype", "nonsense"], "error: unknown dtype 'nonsense'", 1),
+    (["load", "x", "--device", "tpu"], "error: unknown device 'tpu'", 1),
+    (["generate", "x", "-p", "hi", "--device", "tpu"], "error: unknown device 'tpu'", 1),
+    (["load", "x", "--device", "meta"], "error: device 'meta' is not supported", 1),
+    (["bench", "x", "--batch-sizes", "a,b"], "error: --batch-sizes 'a,b': give positive integers", 1),
+    (["bench", "x", "--batch-sizes", "0"], "error: --batch-sizes '0': give positive integers", 1),
+    (["generate", "x"], "error: give --prompt TEXT", 1),
+    (["load", "--tp", "abc"], "error: Invalid value for '--tp'", 2),
+    (["no-such-command"], "error: No such command 'no-such-command'", 2),
+])
+def test_every_cli_error_is_one_line(capsys, monkeypatch, args, message, status):
+    monkeypatch.delenv("TOOLKIT_DEBUG", raising=False)
+    code, out, err = run_cli(capsys, *args)
+    assert code == status
+    assert len(err.strip().splitlines()) == 1 and err.startswith(message), err
+    assert "Traceback" not in err + out
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without a usable CUDA device")
+@pytest.mark.parametrize("command", [["load", "x"], ["generate", "x", "-p", "hi"], ["bench", "x"]])
+def test_cuda_without_a_gpu_is_one_line(capsys, command):
+    code, _, err = run_cli(capsys, *command, "--device", "cuda")
+    assert code == 1 and err.startswith("error: device 'cuda'") and NO_CUDA in err and len(err.splitlines()) == 1
+
+
+def test_help_and_bare_command_exit_zero(capsys):
+    assert run_cli(capsys, "generate", "--help")[0] == 0
+    code, out, _ = run_cli(capsys)
+    assert code == 0 and "Usage" in out
+
+
+def test_rates_never_print_as_zero():
+    from toolkit.core.units import format_rate
+
+    assert [format_rate(v) for v in (0.0432, 0.3, 3.714, 64.53, 583.2)] == ["0.0432", "0.3", "3.71", "64.5", "583"]
 
 
 # ---- inspect -------------------------------------------------------------------------------

@@ -52,9 +52,11 @@ def test_generate_stream_prints_the_same_text(app, tiny_llama):
     assert result.stdout.strip() == ("The capital of France is" + expected).strip()
 
 
-def test_generate_without_prompts_is_a_usage_error(app, tiny_llama):
+def test_generate_without_prompts_is_refused_before_loading(app, tiny_llama):
+    from toolkit.core.errors import OptionError
+
     result = CliRunner().invoke(app, ["generate", str(tiny_llama.path)])
-    assert result.exit_code != 0 and "--prompt" in result.output
+    assert isinstance(result.exception, OptionError) and "--prompt" in str(result.exception)
 
 
 def test_chat_streams_a_reply_per_line(app, tiny_llama, tmp_path):
@@ -67,6 +69,38 @@ def test_chat_streams_a_reply_per_line(app, tiny_llama, tmp_path):
     llm = LLM(toolkit.load(model, device="cpu"))
     expected = llm.chat([{"role": "user", "content": "Hello"}], SamplingParams(max_tokens=5, temperature=0))[0].text
     assert expected in result.stdout
+
+
+def test_chat_without_a_template_uses_the_plain_transcript(app, tiny_llama):
+    from toolkit.core.engine import plain_chat
+
+    result = invoke(app, "chat", tiny_llama.path, "--temperature", 0, "--max-tokens", 5, "--device", "cpu",
+                    "--system", "Be brief.", input="Hello\n/exit\n")
+    assert "no chat template" in result.stderr
+    llm = LLM(toolkit.load(tiny_llama.path, device="cpu"))
+    assert not llm.has_chat_template()
+    prompt = plain_chat.render([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello"}])
+    assert prompt == "Be brief.\n\nUser: Hello\nAssistant:"
+    params = SamplingParams(max_tokens=5, temperature=0, stop=list(plain_chat.STOP_STRINGS))
+    assert llm.generate([prompt], params)[0].text in result.stdout
+
+
+def test_chat_prompt_without_a_template_is_a_typed_error(tiny_llama):
+    from toolkit.core.engine.llm import MissingChatTemplateError
+
+    with pytest.raises(MissingChatTemplateError, match="no chat template"):
+        LLM(toolkit.load(tiny_llama.path, device="cpu")).chat_prompt([{"role": "user", "content": "Hi"}])
+
+
+def test_engine_commands_load_a_loaders_default_model(app, tiny_llama, monkeypatch):
+    """``toolkit generate --format F`` without MODEL uses loader F's default (as ``load`` does)."""
+    from toolkit.core import cli_load
+
+    monkeypatch.setattr(cli_load, "resolve_model", lambda model, fmt: (str(tiny_llama.path), True))
+    result = invoke(app, "generate", "--format", "safetensors", "-p", "Hello", "--max-tokens", 3, "--temperature", 0,
+                    "--device", "cpu")
+    assert "default of loader 'safetensors'" in result.stderr
+    assert "Hello" + greedy_texts(tiny_llama.path, ["Hello"], 3)[0] in result.stdout
 
 
 def test_bench_prints_a_table_and_writes_json(app, tiny_llama, tmp_path):
