@@ -80,3 +80,62 @@ def test_writer_facts_are_printed_whatever_their_shape():
                         "notes": [], "tp": 2, "dtype": None})
     assert lines == ["tensor types  F32 2, Q6_K 1", "fallbacks     a: X -> Y", "fallbacks     b: X -> Y",
                      "tp            2"]
+
+
+def test_long_fact_lists_are_capped_with_a_count():
+    lines = fact_lines({"fallbacks": [f"t{i}: X -> Y" for i in range(91)], "dtype": torch.bfloat16})
+    assert lines[:5] == [f"fallbacks     t{i}: X -> Y" for i in range(5)]
+    assert lines[5:] == ["fallbacks     ... and 86 more", "dtype         bfloat16"]
+
+
+def test_bits_per_weight_counts_weight_files_only(source, tmp_path):
+    result = convert(source, tmp_path / "bf16", to="safetensors:bf16")
+    weights = sum(p.stat().st_size for p in (tmp_path / "bf16").glob("*.safetensors"))
+    assert result.weight_bytes == weights < result.dest_bytes  # config.json and friends are not weights
+    assert result.bits_per_weight == pytest.approx(8 * weights / result.num_parameters)
+
+
+def test_output_is_readable_by_others_like_any_file(source, tmp_path):
+    """safetensors writes 0600 files; converted models get the umask's permissions like open() gives."""
+    import os
+
+    umask = os.umask(0o022)
+    try:
+        convert(source, tmp_path / "out", to="safetensors")
+    finally:
+        os.umask(umask)
+    modes = {p.name: p.stat().st_mode & 0o777 for p in (tmp_path / "out").iterdir()}
+    assert modes and set(modes.values()) == {0o644}, modes
+    assert (tmp_path / "out").stat().st_mode & 0o777 == 0o755
+
+
+def test_model_level_writer_keeps_a_16_bit_source_16_bit(source, tmp_path):
+    """bf16 in, nf4 out: the unquantized embedding and norms stay bf16 instead of doubling in fp32."""
+    pytest.importorskip("bitsandbytes")
+    from safetensors import safe_open
+
+    convert(source, tmp_path / "bf16", to="safetensors:bf16")
+    convert(tmp_path / "bf16", tmp_path / "nf4", to="bnb:nf4")
+    with safe_open(str(next((tmp_path / "nf4").glob("*.safetensors"))), framework="pt") as handle:
+        embed = handle.get_slice("model.embed_tokens.weight").get_dtype()
+    assert embed == "BF16"
+
+
+def test_convert_command_is_quiet_in_logs_and_says_when_interrupted(source, tmp_path, monkeypatch, capsys):
+    from toolkit.core import cli
+
+    with pytest.raises(SystemExit) as done:
+        cli.main(["convert", str(source), str(tmp_path / "ok"), "--to", "safetensors"])
+    assert done.value.code == 0
+    err = capsys.readouterr().err
+    assert "\r" not in err and "converting" in err  # no progress-bar redraws when stderr is not a terminal
+
+    def interrupt(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(convert_module, "to_dense", interrupt)
+    with pytest.raises(SystemExit) as done:
+        cli.main(["convert", str(source), str(tmp_path / "stopped"), "--to", "safetensors"])
+    err = capsys.readouterr().err
+    assert done.value.code == 130 and "error: interrupted; nothing was written" in err
+    assert not (tmp_path / "stopped").exists()

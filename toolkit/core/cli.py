@@ -119,7 +119,8 @@ def _run(command, argv: list[str] | None) -> int:
     """Run the click command without its own error handling; click's usage errors become one line."""
     # typer (0.29 vendors its own click) exports Exit, Abort and the base of click's errors.
     try:
-        command.main(args=argv, prog_name="toolkit", standalone_mode=False)
+        status = command.main(args=argv, prog_name="toolkit", standalone_mode=False)
+        return status if isinstance(status, int) else 0  # a command's typer.Exit(code) comes back here
     except typer.Exit as exc:  # --help and friends
         return exc.exit_code
     except typer.Abort:

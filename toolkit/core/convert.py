@@ -13,6 +13,7 @@ interrupted or failed conversion leaves nothing at DEST.
 """
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 import time
@@ -69,13 +70,16 @@ class ConvertResult:
     num_parameters: int
     facts: dict[str, Any]
 
+    weight_bytes: int = 0  # dest_bytes less config and tokenizer files
+
     @property
     def bits_per_weight(self) -> float:
-        return 8 * self.dest_bytes / self.num_parameters if self.num_parameters else 0.0
+        return 8 * (self.weight_bytes or self.dest_bytes) / self.num_parameters if self.num_parameters else 0.0
 
     def summary_lines(self) -> list[str]:
         return [f"wrote         {self.dest}",
-                f"size          {self.source_bytes / 2**20:.1f} MiB -> {self.dest_bytes / 2**20:.1f} MiB",
+                f"size          {self.source_bytes / 2**20:.1f} MiB -> {self.dest_bytes / 2**20:.1f} MiB"
+                f" ({self.weight_bytes / 2**20:.1f} MiB of weights)",
                 f"tensors       {self.num_tensors} ({self.num_parameters / 1e6:.2f}M weights, "
                 f"{self.bits_per_weight:.2f} bits per weight)",
                 f"time          {self.seconds:.2f}s", *fact_lines(self.facts)]
@@ -83,12 +87,15 @@ class ConvertResult:
 
 # Facts the lines above already show, in the writer's words.
 _SHOWN_FACTS = frozenset({"parameters", "bits_per_weight", "tensors", "files"})
+MAX_LIST_LINES = 5  # a long list (e.g. 91 fallbacks) shows this many items, then a count
+# Files around the weights that a writer copies along; they are not counted as weight bytes.
+SIDECAR_SUFFIXES = frozenset({".json", ".txt", ".model", ".jinja", ".md", ".py", ".tiktoken"})
 
 
 def fact_lines(facts: dict[str, Any]) -> list[str]:
     """The writer's own facts, one line each, whatever the format: scalars as they are, a mapping
     as ``key count, key count`` (e.g. how many tensors got each type), a list one item per line
-    (fallbacks, notes). Empty values are left out."""
+    up to MAX_LIST_LINES and then how many more (fallbacks, notes). Empty values are left out."""
     lines = []
     for key, value in facts.items():
         if key in _SHOWN_FACTS or value in (None, "", [], {}):
@@ -97,9 +104,11 @@ def fact_lines(facts: dict[str, Any]) -> list[str]:
         if isinstance(value, dict):
             lines.append(label + ", ".join(f"{k} {v}" for k, v in value.items()))
         elif isinstance(value, (list, tuple)):
-            lines += [label + str(item) for item in value]
+            lines += [label + str(item) for item in value[:MAX_LIST_LINES]]
+            if len(value) > MAX_LIST_LINES:
+                lines.append(label + f"... and {len(value) - MAX_LIST_LINES} more")
         else:
-            lines.append(label + str(value))
+            lines.append(label + str(value).removeprefix("torch."))  # dtypes read "bfloat16"
     return lines
 
 
@@ -129,7 +138,8 @@ def convert(source, dest, *, to: str, force: bool = False, options: ConvertOptio
             facts, stats = _stream(source, staging, loader, options, source_format, registry, progress)
         else:
             facts, stats = _save_model(source, staging, loader, options, source_format)
-    return ConvertResult(dest, time.perf_counter() - start, stats[0], _size(dest), stats[1], stats[2], facts)
+    return ConvertResult(dest, time.perf_counter() - start, stats[0], _size(dest), stats[1], stats[2], facts,
+                         weight_bytes=_size(dest, skip_suffixes=SIDECAR_SUFFIXES))
 
 
 @contextmanager
@@ -142,11 +152,22 @@ def _staged(dest: Path, force: bool) -> Iterator[Path]:
         yield staging
         if not staging.exists():
             raise ConversionError(f"the writer produced nothing at {staging}")
+        _honour_umask(staging)
         if dest.exists() and force:
             shutil.rmtree(dest) if dest.is_dir() else dest.unlink()
         staging.rename(dest)
     finally:
         shutil.rmtree(holder, ignore_errors=True)
+
+
+def _honour_umask(path: Path) -> None:
+    """Give the output the permissions a plain ``open()`` would: some writers (safetensors' own, a
+    temporary file) create owner-only 0600 files, which other users of a shared model directory
+    could not read."""
+    umask = os.umask(0)
+    os.umask(umask)
+    for item in [path, *path.rglob("*")] if path.is_dir() else [path]:
+        item.chmod((0o777 if item.is_dir() else 0o666) & ~umask)
 
 
 def _stream(source, staging: Path, loader, options: ConvertOptions, source_format, registry: Registry,
@@ -224,7 +245,8 @@ def _save_model(source, staging: Path, loader, options: ConvertOptions, source_f
     from .api import load  # noqa: PLC0415 - model-level writers need the model loaded
 
     quant = getattr(loader, "quant_for_target", lambda kind: None)(options.target_type)
-    loaded = load(source, format=source_format, quant=quant, dtype=options.dtype, device="cpu", tp=options.tp)
+    dtype = options.dtype or _source_dtype(source, source_format)
+    loaded = load(source, format=source_format, quant=quant, dtype=dtype, device="cpu", tp=options.tp)
     try:
         facts = loader.save(loaded, staging, options) or {}
         report = loaded.report
@@ -233,7 +255,19 @@ def _save_model(source, staging: Path, loader, options: ConvertOptions, source_f
         loaded.close()
 
 
-def _size(path: Path) -> int:
+def _source_dtype(source, source_format) -> torch.dtype | None:
+    """A 16-bit source stays 16-bit in a model-level writer's unquantized tensors (embeddings,
+    norms, skipped layers), instead of doubling in fp32; anything else loads at the default."""
+    checkpoint = open_checkpoint(source, registry=default_registry(), load_config=LoadConfig(format=source_format),
+                                 report=LoadReport())
+    try:
+        name = checkpoint.hf_config.get("torch_dtype") or checkpoint.hf_config.get("dtype")
+    finally:
+        checkpoint.close()
+    return {"bfloat16": torch.bfloat16, "float16": torch.float16}.get(str(name).removeprefix("torch."))
+
+
+def _size(path: Path, skip_suffixes: frozenset[str] = frozenset()) -> int:
     if path.is_file():
         return path.stat().st_size
-    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file() and p.suffix not in skip_suffixes)

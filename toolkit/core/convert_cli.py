@@ -38,21 +38,20 @@ def convert_command(
     so an interrupted conversion leaves nothing at DEST.
 
     Example: toolkit convert ./my-llama ./my-llama-bf16 --to safetensors:bf16
-    (docs/convert.md lists every target and type the built-in plugins write)
+    (docs/convert.md in the repository lists every target and type the built-in plugins write)
     """
-    from tqdm import tqdm  # noqa: PLC0415
-
-    bar = tqdm(unit="tensor", desc="converting")
-
-    def progress(done: int, total: int, name: str) -> None:
-        bar.total = total
-        bar.set_postfix_str(name[-40:], refresh=False)
-        bar.update(done - bar.n)
+    from .cli_load import ProgressBar  # noqa: PLC0415 - a bar on terminals only, nothing in logs
 
     options = ConvertOptions(overrides=_overrides(override), tp=tp, dtype=parse_dtype(dtype))
+    typer.echo(f"converting {source} -> {dest} as {to} (opening the source and its tokenizer)", err=True)
+    bar = ProgressBar("converting")
     try:
         result = convert(source, dest, to=to, force=force, options=options, source_format=source_format,
-                         progress=progress)
+                         progress=bar)
+    except KeyboardInterrupt:
+        bar.close()
+        typer.echo(f"error: interrupted; nothing was written at {dest} (the partial output was removed)", err=True)
+        raise typer.Exit(130) from None
     finally:
         bar.close()
     for line in result.summary_lines():

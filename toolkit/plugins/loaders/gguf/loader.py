@@ -60,6 +60,9 @@ def demo_model_path() -> Path:
     os.close(handle)
     try:
         demo.assemble(partial, overwrite=True)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(partial, 0o666 & ~umask)  # mkstemp makes it owner-only; the model is for every user
         os.replace(partial, target)
     finally:
         if os.path.exists(partial):
