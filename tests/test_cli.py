@@ -168,7 +168,9 @@ def test_inspect_json_matches_the_file_header(tiny_llama, capsys):
     data = json.loads(out)
     header = safetensors_header(tiny_llama.path)
     assert data["format"] == "safetensors" and data["architecture"] == "LlamaForCausalLM"
-    assert data["metadata"]["hidden_size"] == "64"
+    config = json.loads((tiny_llama.path / "config.json").read_text())
+    assert data["metadata"]["hidden_size"] == 64 and data["metadata"]["architectures"] == ["LlamaForCausalLM"]
+    assert data["metadata"]["rms_norm_eps"] == config["rms_norm_eps"]  # JSON values, not Python reprs
     assert data["tensors"]["count"] == len(header)
     assert data["tensors"]["dtypes"] == {"F32": len(header)}
     rows = {row["name"]: row for row in data["tensors"]["rows"]}
@@ -186,6 +188,14 @@ def test_inspect_text_abridges_rows_unless_all(tiny_llama, capsys):
     assert f"... {len(names) - 5} more (--all lists every tensor)" in out
     _, out, _ = run_cli(capsys, "inspect", tiny_llama.path, "--all")
     assert all(name in out for name in names) and "more (--all" not in out
+
+
+def test_json_metadata_values_are_json():
+    import numpy as np
+
+    assert cli_info.json_value(np.float32(0.5)) == 0.5 and cli_info.json_value(np.int64(3)) == 3
+    assert cli_info.json_value(list(range(100))) == {"length": 100, "first": list(range(8))}
+    assert cli_info.json_value(float("nan")) == "nan" and cli_info.json_value(b"\xe2\x9c\x93") == "\u2713"
 
 
 def test_short_abridges_long_sequences():

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 from collections import Counter
 from typing import Annotated, Any
 
@@ -22,15 +23,38 @@ def abridge(value: Any, width: int = 100) -> str:
     return text if len(text) <= width else text[: width - 3] + "..."
 
 
+MAX_JSON_ITEMS = 64  # longer arrays (vocabularies, merges) are given as their length and first items
+
+
+def json_value(value: Any) -> Any:
+    """A metadata value as JSON: numbers, strings and booleans as themselves, short sequences as
+    lists, long ones as ``{"length": N, "first": [...]}``; anything else as its text."""
+    if hasattr(value, "item") and getattr(value, "ndim", 1) == 0:  # numpy / torch scalars
+        value = value.item()
+    if value is None or isinstance(value, (bool, int, str)):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else str(value)
+    if isinstance(value, bytes):
+        return value.decode("utf-8", errors="replace")
+    if isinstance(value, dict):
+        return {str(key): json_value(item) for key, item in value.items()}
+    if hasattr(value, "__len__") and hasattr(value, "__iter__"):
+        items = [json_value(item) for item in itertools.islice(iter(value), MAX_JSON_ITEMS)]
+        return items if len(value) <= MAX_JSON_ITEMS else {"length": len(value), "first": items[:8]}
+    return str(value)
+
+
 def _mib(nbytes: int) -> str:
     return f"{nbytes / 2**20:.1f} MiB"
 
 
-def inspect_data(summary, files) -> dict:
-    """The JSON form of ``toolkit inspect``: everything, with metadata values abridged."""
+def inspect_data(summary, files, *, as_json: bool = False) -> dict:
+    """What ``toolkit inspect`` shows: metadata values as one-line text, or as JSON values."""
     tensors = summary.tensors
+    render = json_value if as_json else abridge
     return {"format": summary.format, "architecture": summary.architecture, "files": [str(f) for f in files],
-            "metadata": {key: abridge(value) for key, value in summary.metadata.items()},
+            "metadata": {key: render(value) for key, value in summary.metadata.items()},
             "tensors": {"count": len(tensors), "total_bytes": sum(t.nbytes for t in tensors),
                         "dtypes": dict(Counter(t.dtype for t in tensors)),
                         "rows": [{"name": t.name, "shape": list(t.shape), "dtype": t.dtype, "nbytes": t.nbytes,
@@ -79,7 +103,7 @@ def inspect_command(
     source = sources.resolve(reference)
     checkpoint = pick_loader(current_registry(), source, format).open(source, LoadConfig(format=format))
     try:
-        data = inspect_data(checkpoint.summary(), checkpoint.files)
+        data = inspect_data(checkpoint.summary(), checkpoint.files, as_json=as_json)
     finally:
         checkpoint.close()
     if as_json:
