@@ -13,7 +13,7 @@ import typer
 
 ModelArg = Annotated[Optional[str], typer.Argument(
     metavar="MODEL", help="Local file or directory, or a hub id. Optional with --format when that loader ships a "
-                          "default model (toolkit's gguf loader ships Gemma 3 270M Q4_K_M).")]
+                          "default model (see toolkit load --help).")]
 FormatOpt = Annotated[Optional[str], typer.Option("--format", "-f", help="Loader to use (default: auto-detect).")]
 QuantOpt = Annotated[Optional[str], typer.Option(help="On-the-fly quantization scheme.")]
 DtypeOpt = Annotated[Optional[str], typer.Option(help="fp32, fp16 or bf16 (default: fp32 on CPU, 16-bit on GPU).")]
@@ -116,7 +116,7 @@ def chat_command(
         device: DeviceOpt = None, tp: TpOpt = 1, kv_cache_memory: KvOpt = None) -> None:
     """Chat interactively using the model's chat template; replies stream. Type /exit (or Ctrl-D) to leave.
 
-    A model without a chat template (base models, the demo GGUF) gets a plain "User: / Assistant:"
+    A model without a chat template (base models, the demo model) gets a plain "User: / Assistant:"
     transcript instead, and a note saying so (toolkit/core/engine/plain_chat.py documents it).
 
     Example:  toolkit chat Qwen/Qwen2.5-0.5B-Instruct --system "Be brief." --temperature 0.7

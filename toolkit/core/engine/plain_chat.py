@@ -1,6 +1,6 @@
 """The plain conversation format ``toolkit chat`` uses for models that ship no chat template.
 
-Base models (the demo Gemma 3 270M GGUF among them) and files converted without a template
+Base models (the demo Gemma 3 270M among them) and files converted without a template
 have no ``chat_template``. Rather than refuse, ``toolkit chat`` renders the conversation as
 plain text that any language model can continue::
 
