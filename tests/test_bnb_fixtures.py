@@ -44,18 +44,28 @@ def write_llama(path: Path, sizes: dict, *, seed: int = 0, vocab: int = 1000) ->
 
 
 def exact_cpu_path(model):
-    """Keep transformers' bitsandbytes layers on bitsandbytes' exact 4-bit matmul on the CPU.
+    """Make transformers' bitsandbytes 4-bit layers compute exactly on every CPU; returns ``model``.
 
-    On CPUs with AVX512-BF16, bitsandbytes' ``Linear4bit.forward`` repacks its weight on the first
-    call into a CPU layout whose block scales are bf16, so the oracle would then compute with
-    rounded scales (logits off by ~1e-3) and its stored weight would no longer be the checkpoint's.
-    Turning that repacking off leaves transformers' modeling code and ``bnb.matmul_4bit`` on the
-    checkpoint's own packed data, the same on every CPU. Returns ``model``.
+    Two bitsandbytes CPU paths are lossy on CPUs with AVX-512 (the device host's Xeon showed
+    both): ``Linear4bit.forward`` repacks its weight on the first call into a layout with bf16
+    block scales (logits off by ~1e-3), and the AVX-512 ``dequantize_4bit`` mis-scales weights
+    whose rows cut quantization blocks. So each 4-bit layer computes ``linear(x, W)`` with W from
+    ``reference_dequantize_4bit`` (plain torch, checked against bitsandbytes on aligned rows in
+    test_bnb_blocks.py); everything else stays transformers' own code. int8 layers are untouched.
     """
     for module in model.modules():
-        if hasattr(module, "support_avx512bf16_for_cpu"):
-            module.support_avx512bf16_for_cpu = False
+        weight = getattr(module, "weight", None)
+        if getattr(weight, "quant_state", None) is not None:
+            module.forward = _reference_4bit_forward(module)
     return model
+
+
+def _reference_4bit_forward(module):
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        dense = reference_dequantize_4bit(module.weight.data, module.weight.quant_state).to(x.dtype)
+        return torch.nn.functional.linear(x, dense, None if module.bias is None else module.bias.to(x.dtype))
+
+    return forward
 
 
 def hf_bnb_model(path: Path, kind: str):
