@@ -226,6 +226,7 @@ def test_every_command_has_help_with_an_example(capsys):
     for name in commands:
         code, out, _ = run_cli(capsys, name, "--help")
         assert code == 0 and "Example" in out, f"toolkit {name} --help lacks an example"
+        assert "▌" not in out, f"toolkit {name} --help has text that markdown renders as a quote (a leading '>')"
 
 
 def test_python_dash_m_and_console_script(tmp_path):
