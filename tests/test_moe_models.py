@@ -52,3 +52,21 @@ def test_sparse_and_dense_layers_follow_the_config(pair):
     sparse = next(layer.mlp for layer in layers if type(layer.mlp).__name__ == "SparseMoEBlock")
     assert tuple(sparse.experts.gate_up_proj.shape) == (4, 64, 64)  # [experts, 2 x 32, hidden]
     assert tuple(sparse.experts.down_proj.shape) == (4, 64, 32)
+
+
+def test_engine_batched_greedy_equals_one_at_a_time(tmp_path):
+    from toolkit import LLM, SamplingParams  # noqa: PLC0415
+
+    save_moe_model(tmp_path, "qwen2_moe", seed=4)
+    loaded = toolkit.load(tmp_path, device="cpu")
+    generator = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(0, VOCAB, (n,), generator=generator).tolist() for n in (3, 17, 40, 9, 1)]
+    greedy = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
+
+    def engine():
+        return LLM(loaded, max_num_seqs=8, max_num_batched_tokens=32)  # long prompts prefill in chunks
+
+    batched = [out.token_ids for out in engine().generate(prompts, greedy)]
+    alone = [engine().generate(prompt, greedy)[0].token_ids for prompt in prompts]
+    assert batched == alone
+    assert alone == [loaded.generate(prompt, max_new_tokens=8, stop_token_ids=[]) for prompt in prompts]
