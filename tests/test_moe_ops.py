@@ -35,3 +35,18 @@ def test_expert_parallel_needs_experts_divisible_by_ranks():
     with pytest.raises(ShardingError, match="experts = 6"):
         FusedMoE(6, 16, 32, quant=UnquantizedScheme(torch.float32), parallel=ParallelContext(0, 4), prefix="m",
                  expert_parallel=True)
+
+
+def test_tp_split_cutting_gguf_blocks_is_a_sharding_error():
+    """Q4_K blocks hold 256 elements: splitting an expert's 256 intermediate columns over 2 ranks cuts them."""
+    from gguf import GGMLQuantizationType as Q  # noqa: PLC0415
+
+    from toolkit.kernels.gguf_quant import quantize  # noqa: PLC0415
+    from toolkit.plugins.loaders.gguf.tensor import GGUFTensor  # noqa: PLC0415
+    from toolkit.plugins.quant.gguf.scheme import GGUFScheme  # noqa: PLC0415
+
+    layer = FusedMoE(2, 64, 256, quant=GGUFScheme(torch.float32), parallel=ParallelContext(0, 2), prefix="m")
+    down = quantize(torch.randn(2, 64, 256), Q.Q4_K)  # [E, H, I] stacked, as ffn_down_exps
+    tensor = GGUFTensor("blk.0.ffn_down_exps.weight", int(Q.Q4_K), (2, 64, 256), down.reshape(128, -1))
+    with pytest.raises(ShardingError, match="cuts Q4_K blocks of 256"):
+        layer.load_weight("down_proj", tensor, None)

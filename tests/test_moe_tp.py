@@ -49,3 +49,32 @@ def test_tp2_matches_tp1(kind, expert_parallel, tmp_path):
     assert [list(s[1:]) for s in shapes] == [per_rank, per_rank]
     torch.testing.assert_close(logits, expected, atol=1e-5, rtol=0)
     assert generated == tokens
+
+
+@pytest.mark.slow
+def test_tp2_matches_tp1_with_packed_q8_0_experts(tmp_path, monkeypatch):
+    from toolkit.core.convert import convert  # noqa: PLC0415
+    from toolkit.core.registry import reset_default_registry  # noqa: PLC0415
+
+    monkeypatch.setenv("TOOLKIT_PLUGINS", PLUGINS + ",gguf,gguf-quant,gguf-kernels,gguf-moe-kernels")
+    reset_default_registry()
+    save_moe_model(tmp_path / "hf", "qwen3_moe", seed=6, mlp_only_layers=[], expert_ffn=64, hidden=128)
+    path = tmp_path / "m.gguf"
+    convert(tmp_path / "hf", path, to="gguf:Q8_0")
+    single = toolkit.load(str(path), device="cpu")
+    expected, tokens = single.logits(PROMPT), single.generate(PROMPT, 5, stop_token_ids=[])
+    with toolkit.load(str(path), tp=2, device="cpu") as parallel:
+        logits = parallel.logits(PROMPT)
+        generated = parallel.generate(PROMPT, 5, stop_token_ids=[])
+        packed = parallel.run_all(_packed_expert_bytes)
+    full = single.model.model.layers[0].mlp.experts
+    # each rank holds half of every expert's rows (gate/up) and half of every row's blocks (down), still Q8_0
+    assert packed == [(full.gate_up_proj.data.numel() // 2, full.down_proj.data.numel() // 2)] * 2
+    torch.testing.assert_close(logits, expected, atol=1e-5 * expected.abs().max().item(), rtol=1e-5)
+    assert generated == tokens
+
+
+def _packed_expert_bytes(loaded):
+    experts = loaded.model.model.layers[0].mlp.experts
+    assert experts.gate_up_proj.dtype == torch.uint8
+    return experts.gate_up_proj.data.numel(), experts.down_proj.data.numel()
