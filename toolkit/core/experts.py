@@ -9,7 +9,7 @@ the expert index before the projection:
 * ``model.layers.3.mlp.experts.5.gate_proj``   [I, H]    (expert 5)
 
 ``ExpertStacker`` turns one-expert tensors into stacked ones as their experts arrive, so a
-writer of a stacked format (GGUF, transformers' fused layout) sees each projection once.
+writer of a stacked layout sees each projection once.
 """
 from __future__ import annotations
 
