@@ -44,7 +44,7 @@ def align_routes(topk_ids: torch.Tensor, num_experts: int, bm: int) -> tuple[tor
 
 @triton.jit
 def dense_moe_kernel(x_ptr, w_ptr, out_ptr, route_ptr, block_expert_ptr, weight_ptr, num_routes, num_experts,
-                     N, K, stride_x, TOP_K: tl.constexpr, PER_ROUTE_X: tl.constexpr, MUL_WEIGHT: tl.constexpr,
+                     N, stride_x, K: tl.constexpr, TOP_K: tl.constexpr, PER_ROUTE_X: tl.constexpr, MUL_WEIGHT: tl.constexpr,
                      BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
     """out[route, n] = x[row(route)] . W[expert, n] (x W^T per route); W is [E, N, K] contiguous."""
     pid_n, pid_m = tl.program_id(0), tl.program_id(1)
@@ -104,7 +104,7 @@ def fused_moe(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, topk_w
         bn, bk = (32, 128) if bm == 1 else (64, 64)
         grid = (triton.cdiv(cols, bn), block_expert.numel())
         dense_moe_kernel[grid](a, w, out, route, block_expert, weights if weights is not None else out, routes,
-                               num_experts, cols, w.shape[2], a.stride(0), TOP_K=top_k, PER_ROUTE_X=which == "down",
+                               num_experts, cols, a.stride(0), K=w.shape[2], TOP_K=top_k, PER_ROUTE_X=which == "down",
                                MUL_WEIGHT=weights is not None, BM=bm, BN=bn, BK=bk)
         return out
 

@@ -17,7 +17,7 @@ from . import expert_shapes
 
 @triton.jit
 def gguf_moe_kernel(x_ptr, w_ptr, out_ptr, table_ptr, route_ptr, block_expert_ptr, weight_ptr, num_routes,
-                    num_experts, N, K, row_bytes, stride_x, TOP_K: tl.constexpr, PER_ROUTE_X: tl.constexpr,
+                    num_experts, N, row_bytes, stride_x, K: tl.constexpr, TOP_K: tl.constexpr, PER_ROUTE_X: tl.constexpr,
                     MUL_WEIGHT: tl.constexpr, QTYPE: tl.constexpr, TS: tl.constexpr, BLOCK: tl.constexpr,
                     SUB: tl.constexpr, WORDS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
     pid_n, pid_m = tl.program_id(0), tl.program_id(1)
@@ -66,8 +66,8 @@ def _grouped_matmul(x, a, data, qtype, cols_in, rows_out, route, block_expert, w
     out = torch.empty(routes, rows_out, dtype=x.dtype, device=x.device)
     grid = (triton.cdiv(rows_out, bn), block_expert.numel())
     gguf_moe_kernel[grid](a, data, out, _codebook(x.device), route, block_expert,
-                          weights if weights is not None else out, routes, num_experts, rows_out, cols_in,
-                          data.stride(0), a.stride(0), TOP_K=top_k, PER_ROUTE_X=per_route,
+                          weights if weights is not None else out, routes, num_experts, rows_out,
+                          data.stride(0), a.stride(0), K=cols_in, TOP_K=top_k, PER_ROUTE_X=per_route,
                           MUL_WEIGHT=weights is not None, WORDS=words, BM=bm, BN=bn, BK=bk, num_warps=warps,
                           **_type_args(qtype))
     return out
