@@ -40,5 +40,5 @@ def save_moe_model(path: Path, kind: str, *, stacked: bool = False, seed: int = 
     config, cls = moe_config(kind, **extra)
     torch.manual_seed(seed)
     model = randomize(cls(config), seed).eval()
-    model.save_pretrained(path, save_original_format=not stacked)
+    model.save_pretrained(path, **({"save_original_format": False} if stacked else {}))
     return model
