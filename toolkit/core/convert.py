@@ -26,6 +26,7 @@ import torch
 
 from .config import LoadConfig
 from .errors import ConversionError, UnknownNameError
+from .experts import expert_tensor_name
 from .load import open_checkpoint
 from .names import NameContext
 from .registry import Registry, default_registry
@@ -197,7 +198,8 @@ def _copy_tensors(checkpoint, name_map, context: NameContext, writer, progress: 
         if mapped is not None:
             value = mapped.transform(tensor) if mapped.transform else tensor
             dense = to_dense(value, name)
-            writer.add_tensor(unpacked_name(mapped.canonical, mapped.shard_id, context.arch.packed_modules), dense)
+            name = unpacked_name(mapped.canonical, mapped.shard_id, context.arch.packed_modules)
+            writer.add_tensor(expert_tensor_name(name, mapped.expert_id), dense)
             count, numel = count + 1, numel + dense.numel()
         if progress is not None:
             progress(done, total, name)

@@ -81,12 +81,21 @@ def _place(model: nn.Module, mapped: MappedName, tensor, context: NameContext, *
     try:
         if mapped.stored_part is not None:
             _load_stored(getattr(module, param_name), value, mapped.stored_part)
+        elif mapped.expert_id is not None:
+            _load_expert(module, param_name, value, mapped)
         elif hasattr(module, "load_weight"):
             module.load_weight(param_name, value, mapped.shard_id)
         else:
             getattr(module, param_name).load_replicated(value)
     except CheckpointError as exc:
         raise type(exc)(str(exc), file=file, tensor=tensor_name) from exc
+
+
+def _load_expert(module: nn.Module, param_name: str, value, mapped: MappedName) -> None:
+    if not hasattr(module, "load_expert_weight"):
+        raise CheckpointError(f"{mapped.canonical} is not an expert parameter, but the tensor holds expert "
+                              f"{mapped.expert_id}")
+    module.load_expert_weight(param_name, value, shard_id=mapped.shard_id, expert_id=mapped.expert_id)
 
 
 def _load_stored(param, value, part: str) -> None:

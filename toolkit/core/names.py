@@ -17,6 +17,9 @@ from .config import ModelConfig
 class MappedName:
     """Where a checkpoint tensor goes.
 
+    ``expert_id`` names the one expert a per-expert tensor holds (``mlp.experts.3.up_proj``);
+    stacked tensors (all experts at once) leave it None.
+
     ``stored_part`` (None for ordinary checkpoints) marks the tensor as part of the parameter's
     *stored state*: exactly what ``ModelParameter.stored_state()`` returned when this rank's
     model was saved. It is handed to ``param.load_stored(tensor, part=...)`` as-is: no shard
@@ -28,6 +31,9 @@ class MappedName:
     shard_id: int | None = None
     transform: Callable[[Any], Any] | None = None
     stored_part: str | None = None
+    # For expert parameters ([experts, out, in]): the expert this checkpoint tensor holds, or
+    # None when it stacks all of them. The owning layer's ``load_expert_weight`` places it.
+    expert_id: int | None = None
 
 
 @dataclass(frozen=True)

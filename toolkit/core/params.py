@@ -37,7 +37,12 @@ class Placement:
     source_start: int
     size: int
     dest_offset: int = 0
-    shard_id: int | None = None
+    shard_id: Any = None
+    # Expert parameters ([experts, out, in]): ``expert`` is the local expert written; the
+    # checkpoint tensor holds one expert ([out, in], ``source_expert`` None) or all of them
+    # ([experts, out, in], ``source_expert`` picks one). Output/input axes are those of one expert.
+    expert: int | None = None
+    source_expert: int | None = None
 
 
 class ModelParameter(nn.Parameter):
@@ -91,6 +96,13 @@ class ModelParameter(nn.Parameter):
         """Rows ``[source_start, source_start + size)`` into the first rows (vocab-parallel tables)."""
         self._load_placed(loaded, Placement("output", source_start, size))
 
+    def load_expert(self, loaded: Any, placement: Placement) -> None:
+        """One expert's slice of an expert parameter (``placement.expert`` set); the MoE layer
+        decides the placement, the parameter how its storage holds it."""
+        if placement.expert is None:
+            raise ValueError("load_expert needs a placement with an expert index")
+        self._load_placed(loaded, placement)
+
     def missing_shards(self) -> set:
         return set(self.shard_ids) - self.loaded_shards
 
@@ -128,6 +140,9 @@ class ModelParameter(nn.Parameter):
         return 0 if dim is None else self.data.shape[dim]
 
     def _load_placed(self, loaded: Any, placement: Placement) -> None:
+        if placement.expert is not None:
+            self._load_expert_placed(_as_tensor(loaded), placement)
+            return
         dim = self._dim(placement.axis)
         if dim is None:  # not split on this axis (e.g. a row-parallel layer's bias)
             self._store_whole(loaded)
@@ -141,6 +156,24 @@ class ModelParameter(nn.Parameter):
             target = self.data.narrow(dim, placement.dest_offset, placement.size)
             _check_shape(target, chunk, f"{placement.axis} shard {placement.shard_id}")
             target.copy_(chunk)
+        self.loaded_shards.add(placement.shard_id)
+
+    def _load_expert_placed(self, source: torch.Tensor, placement: Placement) -> None:
+        """Expert parameters are [experts, out, in] with output_dim 1 and input_dim 2."""
+        if placement.source_expert is not None:
+            if source.dim() != 3 or placement.source_expert >= source.shape[0]:
+                raise ShapeMismatchError(f"needs expert {placement.source_expert} of a stacked [experts, out, in] "
+                                         f"tensor, the checkpoint tensor has shape {tuple(source.shape)}")
+            source = source.select(0, placement.source_expert)
+        dim = self._dim(placement.axis) - 1  # within one expert's [out, in]
+        if source.dim() != 2 or placement.source_start + placement.size > source.shape[dim]:
+            raise ShapeMismatchError(
+                f"needs {placement.axis} elements [{placement.source_start}, {placement.source_start + placement.size})"
+                f" of one expert, the checkpoint tensor has shape {tuple(source.shape)}")
+        chunk = source.narrow(dim, placement.source_start, placement.size)
+        target = self.data.select(0, placement.expert).narrow(dim, placement.dest_offset, placement.size)
+        _check_shape(target, chunk, f"expert {placement.expert} {placement.axis} shard")
+        target.copy_(chunk)
         self.loaded_shards.add(placement.shard_id)
 
     def _store_whole(self, loaded: Any) -> None:

@@ -7,6 +7,7 @@ from torch import nn
 
 from toolkit.core.hookspecs import hookimpl
 from toolkit.core.params import ModelParameter
+from toolkit.kernels import runtime
 
 
 class UnquantizedScheme:
@@ -29,6 +30,21 @@ class UnquantizedScheme:
 
     def embed(self, layer: nn.Module, ids: torch.Tensor) -> torch.Tensor:
         return F.embedding(ids, layer.weight)
+
+    def create_moe_weights(self, layer: nn.Module, *, num_experts: int, hidden_size: int,
+                           intermediate_size_per_partition: int) -> None:
+        """Stacked experts: ``gate_up_proj`` [E, 2I, H] (gate rows, then up rows), ``down_proj`` [E, H, I]."""
+        inter = intermediate_size_per_partition
+        shards = layer.expert_shard_ids
+        layer.gate_up_proj = ModelParameter(torch.zeros(num_experts, 2 * inter, hidden_size, dtype=self.params_dtype),
+                                            output_dim=1, input_dim=2, shard_ids=shards["gate_up_proj"])
+        layer.down_proj = ModelParameter(torch.zeros(num_experts, hidden_size, inter, dtype=self.params_dtype),
+                                         output_dim=1, input_dim=2, shard_ids=shards["down_proj"])
+
+    def apply_moe(self, layer: nn.Module, x: torch.Tensor, topk_weights: torch.Tensor,
+                  topk_ids: torch.Tensor) -> torch.Tensor:
+        return runtime.call("fused_moe", x.to(self.params_dtype), layer.gate_up_proj, layer.down_proj, topk_weights,
+                            topk_ids, layer.activation)
 
     def process_after_loading(self, layer: nn.Module) -> None:
         return None

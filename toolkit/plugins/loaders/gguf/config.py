@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 from .metadata import Metadata
+from .moe_names import MIXTRAL_KEYS, MOE_KEYS, mixtral_if_experts, qwen2moe_qkv_bias
 from .rope import scaling_from_divisors
 
 # "{arch}.<suffix>" -> HF key, shared by every decoder below. Later rows win on the same HF key.
@@ -44,6 +45,7 @@ class ArchSpec:
     :param keys: extra "{arch}.<suffix>" -> HF key rows, applied before DECODER_KEYS
     :param constants: HF keys llama.cpp fixes for this architecture (the file does not store them)
     :param derived: functions (config so far) -> more keys, for values computed from others
+    :param also: other HF architectures llama.cpp writes under this name (Mixtral as ``llama``)
     """
 
     model_type: str
@@ -51,6 +53,7 @@ class ArchSpec:
     keys: Mapping[str, str] = field(default_factory=dict)
     constants: Mapping[str, Any] = field(default_factory=dict)
     derived: tuple[Callable[[dict], dict], ...] = ()
+    also: tuple[str, ...] = ()
 
 
 def gemma3_layer_types(config: dict) -> dict:
@@ -69,8 +72,9 @@ def gemma3_query_scale(config: dict) -> dict:
 
 ARCHS: dict[str, ArchSpec] = {
     # llama.cpp writes n_rot as rope.dimension_count; for Llama it is the head size
-    "llama": ArchSpec("llama", ("LlamaForCausalLM",), keys={"rope.dimension_count": "head_dim"},
-                      constants={"hidden_act": "silu"}),
+    "llama": ArchSpec("llama", ("LlamaForCausalLM",), keys={"rope.dimension_count": "head_dim", **MIXTRAL_KEYS},
+                      constants={"hidden_act": "silu"}, derived=(mixtral_if_experts,),
+                      also=("MixtralForCausalLM",)),
     "qwen2": ArchSpec("qwen2", ("Qwen2ForCausalLM",), constants={"hidden_act": "silu", "attention_bias": True}),
     "qwen3": ArchSpec("qwen3", ("Qwen3ForCausalLM",), constants={"hidden_act": "silu"}),
     "gemma3": ArchSpec("gemma3_text", ("Gemma3ForCausalLM",),
@@ -78,6 +82,11 @@ ARCHS: dict[str, ArchSpec] = {
                                   "rope_local_base_freq": 10000.0, "sliding_window_pattern": 6,
                                   "final_logit_softcapping": None, "attn_logit_softcapping": None},
                        derived=(gemma3_layer_types, gemma3_query_scale)),
+    # llama.cpp renormalises the top-k weights for qwen3moe and not for qwen2moe (no key says so)
+    "qwen2moe": ArchSpec("qwen2_moe", ("Qwen2MoeForCausalLM",), keys=MOE_KEYS,
+                         constants={"hidden_act": "silu", "norm_topk_prob": False}, derived=(qwen2moe_qkv_bias,)),
+    "qwen3moe": ArchSpec("qwen3_moe", ("Qwen3MoeForCausalLM",), keys=MOE_KEYS,
+                         constants={"hidden_act": "silu", "norm_topk_prob": True}),
 }
 
 

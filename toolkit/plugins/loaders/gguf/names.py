@@ -21,6 +21,7 @@ import torch
 
 from toolkit.core.names import MappedName, NameContext, split_packed
 
+from .moe_names import EXPERT_LEAVES, MOE_LEAVES, ROUTER_LEAVES
 from .tensor import GGUFTensor
 
 GLOBAL_LEAVES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
@@ -46,6 +47,7 @@ class GGUFNameMap:
     :param leaves: GGUF leaf -> HF module path inside ``model.layers.{i}`` (layer tensors)
     :param norm_offset: what llama.cpp added to norm weights (Gemma: 1.0)
     :param rope_interleaved: q/k rows use llama.cpp's interleaved rotary order (Llama)
+    :param experts: GGUF leaf -> (stacked expert parameter inside the layer, shard id), for MoE models
     """
 
     architecture: str
@@ -53,11 +55,16 @@ class GGUFNameMap:
     norm_offset: float = 0.0
     rope_interleaved: bool = False
     format: str = "gguf"
+    experts: Mapping[str, tuple[str, int | None]] = field(default_factory=dict)
 
     def map(self, name: str, context: NameContext) -> MappedName | None:
         if name in IGNORED:
             return None
         match = _NAME.match(name)
+        if match and match["layer"] is not None and match["leaf"] in self.experts:
+            target, shard = self.experts[match["leaf"]]  # all experts at once, still packed
+            return MappedName(f"model.layers.{match['layer']}.{target}", shard, self._transform(
+                match["leaf"], match["kind"], context))
         hf = self._hf_name(match) if match else None
         if hf is None:  # the pipeline reports it as a tensor no parameter takes
             return MappedName(name)
@@ -73,8 +80,10 @@ class GGUFNameMap:
     def _transform(self, leaf: str, kind: str, context: NameContext) -> Callable[[Any], Any] | None:
         steps: list[Callable[[Any], Any]] = []
         is_norm = leaf.endswith("norm")
-        if is_norm or kind == "bias":  # the model holds these as plain tensors
+        if is_norm or kind == "bias" or leaf in ROUTER_LEAVES:  # the model holds these as plain tensors
             steps.append(to_dense)
+        if leaf in ROUTER_LEAVES:
+            steps.append(_as_matrix)
         if is_norm and self.norm_offset:
             steps.append(partial(_subtract, offset=self.norm_offset))
         if self.rope_interleaved and leaf in ("attn_q", "attn_k"):
@@ -85,6 +94,11 @@ class GGUFNameMap:
 
 def to_dense(tensor: Any) -> torch.Tensor:
     return tensor.to_dense() if isinstance(tensor, GGUFTensor) else tensor
+
+
+def _as_matrix(tensor: torch.Tensor) -> torch.Tensor:
+    """A one-output gate may be stored 1-D (``{n_embd}``); the model holds it as [1, hidden]."""
+    return tensor.reshape(1, -1) if tensor.dim() == 1 else tensor
 
 
 def _subtract(tensor: torch.Tensor, *, offset: float) -> torch.Tensor:
@@ -119,4 +133,7 @@ NAME_MAPS = (
     GGUFNameMap("qwen2"),
     GGUFNameMap("qwen3"),
     GGUFNameMap("gemma3", leaves=GEMMA3_LAYER_LEAVES, norm_offset=1.0),
+    GGUFNameMap("qwen2_moe", leaves={**LAYER_LEAVES, **MOE_LEAVES}, experts=EXPERT_LEAVES),
+    GGUFNameMap("qwen3_moe", leaves={**LAYER_LEAVES, **MOE_LEAVES}, experts=EXPERT_LEAVES),
+    GGUFNameMap("mixtral", leaves={**LAYER_LEAVES, **MOE_LEAVES}, experts=EXPERT_LEAVES, rope_interleaved=True),
 )

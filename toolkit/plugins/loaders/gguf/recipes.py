@@ -68,7 +68,11 @@ class Recipe:
     bumps: tuple[Bump, ...] = ()
 
 
-MORE_BITS_Q6 = (Bump("attn_v", Q.Q6_K, use_more_bits), Bump("ffn_down", Q.Q6_K, use_more_bits))
+# llama.cpp treats stacked experts' ffn_down_exps as ffn_down
+MORE_BITS_Q6 = (Bump("attn_v", Q.Q6_K, use_more_bits), Bump("ffn_down", Q.Q6_K, use_more_bits),
+                Bump("ffn_down_exps", Q.Q6_K, use_more_bits))
+# MoE routers stay F32, as llama.cpp's converter and quantizer keep them
+F32_LEAVES = frozenset({"ffn_gate_inp", "ffn_gate_inp_shexp"})
 RECIPES: dict[str, Recipe] = {
     **{qtype.name: Recipe(qtype, file_type) for qtype, file_type in PLAIN_FILE_TYPES.items()},
     "Q4_K_M": Recipe(Q.Q4_K, F.MOSTLY_Q4_K_M, Q.Q6_K, MORE_BITS_Q6),
@@ -118,7 +122,8 @@ class TypePlan:
         self.num_layers, self.tied = num_layers, tied
 
     def choose(self, hf_name: str, gguf_name: str, shape: tuple[int, ...]) -> Choice:
-        if len(shape) <= 1:
+        match = _LAYER_LEAF.match(gguf_name)
+        if len(shape) <= 1 or (match and match["leaf"] in F32_LEAVES):
             return Choice(Q.F32)
         wanted = self._override(hf_name, gguf_name) or self._recipe_type(gguf_name)
         return fitting(wanted, shape[-1])

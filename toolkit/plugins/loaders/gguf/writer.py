@@ -25,6 +25,7 @@ import torch
 from gguf import GGML_QUANT_VERSION, GGMLQuantizationType, GGUFWriter
 
 from toolkit.core.errors import ConversionError
+from toolkit.core.experts import ExpertStacker, stacked_parts
 from toolkit.core.registry import default_registry
 from toolkit.kernels.gguf_quant import quantize
 
@@ -61,7 +62,8 @@ class GGUFFileWriter:
         arch = registry.architecture(*(hf_config.get("architectures") or []), hf_config.get("model_type"))
         config = arch.config_from(hf_config)
         self.gguf_arch = gguf_architecture(arch, registry)
-        self.namer = GGUFNamer(registry.name_map("gguf", arch.name), config)
+        self.namer = GGUFNamer(registry.name_map("gguf", arch.name), config, arch.packed_modules)
+        self.experts = ExpertStacker(getattr(config, "num_experts", 0))
         self.target = (self.target or ("BF16" if config.torch_dtype == "bfloat16" else "F16")).upper()
         self.plan = TypePlan(self.target, self.overrides, num_layers=config.num_layers,
                              tied=config.tie_word_embeddings)
@@ -81,6 +83,18 @@ class GGUFFileWriter:
             self.types["F32"] += 1
 
     def add_tensor(self, hf_name: str, tensor: torch.Tensor) -> None:
+        """One tensor; one-expert tensors wait until their projection's experts are all here (GGUF
+        stacks them), and a stacked gate+up is written as llama.cpp's separate gate and up."""
+        for name, values in self.experts.add(hf_name, tensor):
+            parts = stacked_parts(name)
+            if parts is not None and parts[1] == "gate_up_proj":
+                gate, up = values.chunk(2, dim=-2)
+                self._add(f"{parts[0]}.gate_proj", gate)
+                self._add(f"{parts[0]}.up_proj", up)
+            else:
+                self._add(name, values)
+
+    def _add(self, hf_name: str, tensor: torch.Tensor) -> None:
         gguf_name, values = self.namer.to_file(hf_name, tensor)
         choice = self.plan.choose(hf_name, gguf_name, tuple(values.shape))
         if choice.fallback_from is not None:
@@ -93,6 +107,7 @@ class GGUFFileWriter:
         self.data_bytes += data.nbytes
 
     def finish(self) -> dict[str, Any]:
+        self.experts.check_done()
         self.writer.write_header_to_file()
         self.writer.write_kv_data_to_file()
         self.writer.write_tensors_to_file()  # header and tensor infos, then the spilled data

@@ -46,19 +46,23 @@ Entry = tuple[str, Any, GGUFValueType]
 def gguf_architecture(arch, registry) -> str:
     """The ``general.architecture`` the reader maps onto our architecture ``arch``."""
     for name, spec in ARCHS.items():
-        try:
-            found = registry.architecture(*spec.architectures, spec.model_type)
-        except KeyError:
-            continue
-        if found.name == arch.name:
-            return name
+        for names in ((*spec.architectures, spec.model_type), *((other,) for other in spec.also)):
+            try:
+                found = registry.architecture(*names)
+            except KeyError:
+                continue
+            if found.name == arch.name:
+                return name
     raise ConversionError(f"architecture {arch.name!r} has no GGUF metadata table "
                           f"(plugins/loaders/gguf/config.py knows {', '.join(ARCHS)})")
 
 
 def flat_config(config: ModelConfig) -> dict[str, Any]:
-    """The HF-vocabulary keys the tables read, with the values HF configs may nest or omit resolved."""
-    return {**config.raw, "rope_theta": config.rope_theta, "head_dim": config.head_dim,
+    """The HF-vocabulary keys the tables read, with the values HF configs may nest or omit resolved
+    (an architecture's own config fields, such as ``num_experts``, under their field names)."""
+    own = {f.name: getattr(config, f.name) for f in dataclasses.fields(config)
+           if f.name not in ModelConfig.__dataclass_fields__}
+    return {**config.raw, **own, "rope_theta": config.rope_theta, "head_dim": config.head_dim,
             "num_key_value_heads": config.num_kv_heads, "rms_norm_eps": config.rms_norm_eps,
             "vocab_size": config.vocab_size, "max_position_embeddings": config.max_position_embeddings}
 

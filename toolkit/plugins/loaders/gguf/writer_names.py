@@ -21,7 +21,21 @@ from .names import GLOBAL_LEAVES, GGUFNameMap, rotary_row_order
 
 _LAYER = re.compile(r"^model\.layers\.(?P<layer>\d+)\.(?P<module>.+)\.(?P<kind>weight|bias)$")
 _GLOBAL = re.compile(r"^(?P<module>.+)\.(?P<kind>weight|bias)$")
+_STACKED_EXPERTS = re.compile(r"^model\.layers\.(?P<layer>\d+)\.(?P<module>.+\.experts\.\w+)$")
 ROTARY_LEAVES = ("attn_q", "attn_k")
+
+
+def expert_leaves(name_map: GGUFNameMap, packed_modules) -> dict[str, str]:
+    """Stacked expert module (``mlp.experts.gate_proj``) -> GGUF leaf, from the map's ``experts``
+    table. Gate and up are written apart (``ffn_gate_exps``, ``ffn_up_exps``), as llama.cpp's
+    converter does by default; the fused ``ffn_gate_up_exps`` is read, never written."""
+    inverse = {}
+    for leaf, (param, shard) in name_map.experts.items():
+        module, _, packed = param.rpartition(".")
+        if shard is None and packed in packed_modules:
+            continue
+        inverse[f"{module}.{packed_modules[packed][shard]}" if shard is not None else param] = leaf
+    return inverse
 
 
 def _inverse(table: dict[str, str], what: str) -> dict[str, str]:
@@ -38,13 +52,18 @@ class GGUFNamer:
     :param config: the model's config (head counts for the rotary row order)
     """
 
-    def __init__(self, name_map: GGUFNameMap, config: ModelConfig):
+    def __init__(self, name_map: GGUFNameMap, config: ModelConfig, packed_modules=None):
         self.name_map, self.config = name_map, config
         self.global_leaves = _inverse(GLOBAL_LEAVES, "global")
         self.layer_leaves = _inverse(dict(name_map.leaves), f"{name_map.architecture} layer")
+        self.expert_leaves = expert_leaves(name_map, packed_modules or {})
 
     def gguf_name(self, hf_name: str) -> tuple[str, str]:
         """(GGUF name, GGUF leaf) of a Hugging Face tensor name; ConversionError if it has none."""
+        match = _STACKED_EXPERTS.match(hf_name)
+        if match and match["module"] in self.expert_leaves:
+            leaf = self.expert_leaves[match["module"]]
+            return f"blk.{match['layer']}.{leaf}.weight", leaf
         match = _LAYER.match(hf_name)
         if match and match["module"] in self.layer_leaves:
             leaf = self.layer_leaves[match["module"]]

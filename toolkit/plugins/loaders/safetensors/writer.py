@@ -11,8 +11,10 @@ from safetensors.torch import save_file
 
 from toolkit.core.config import DTYPES
 from toolkit.core.errors import ConversionError
+from toolkit.core.experts import ExpertStacker, stacked_parts
 
 SHARD_BYTES = 2 * 2**30
+EXPERT_COUNT_KEYS = ("num_local_experts", "num_experts")  # the config's expert count, for stacking
 # Keys that describe how a *source* file was quantized; the written checkpoint is dense.
 DROPPED_CONFIG_KEYS = ("quantization_config",)
 
@@ -37,8 +39,29 @@ class HFWriter:
         self.hf_config = {k: v for k, v in hf_config.items() if k not in DROPPED_CONFIG_KEYS}
         self.hf_config["torch_dtype"] = str(self.dtype).removeprefix("torch.")
         self.tokenizer = tokenizer
+        experts = next((hf_config[k] for k in EXPERT_COUNT_KEYS if hf_config.get(k)), 0)
+        self.experts, self.halves = ExpertStacker(int(experts)), {}
 
     def add_tensor(self, hf_name: str, tensor: torch.Tensor) -> None:
+        """Experts are written in transformers' stacked layout (``mlp.experts.gate_up_proj``
+        [E, 2I, H], ``mlp.experts.down_proj`` [E, H, I]), which every MoE family loads: one-expert
+        tensors are stacked, and a stacked gate waits for its up (or the other way round)."""
+        for name, value in self.experts.add(hf_name, tensor):
+            parts = stacked_parts(name)
+            if parts is None:
+                self._add(name, value)
+            elif parts[1] in ("gate_proj", "up_proj"):
+                self._pair(parts[0], parts[1], value)
+            else:
+                self._add(name, value)
+
+    def _pair(self, stack: str, proj: str, value: torch.Tensor) -> None:
+        self.halves.setdefault(stack, {})[proj] = value
+        if len(self.halves[stack]) == 2:
+            halves = self.halves.pop(stack)
+            self._add(f"{stack}.gate_up_proj", torch.cat([halves["gate_proj"], halves["up_proj"]], dim=-2))
+
+    def _add(self, hf_name: str, tensor: torch.Tensor) -> None:
         value = tensor.to(self.dtype).contiguous()
         if self.pending and self.pending_bytes + value.nbytes > self.shard_bytes:
             self._flush()
@@ -53,6 +76,9 @@ class HFWriter:
         self.pending, self.pending_bytes = {}, 0
 
     def finish(self) -> dict[str, Any]:
+        self.experts.check_done()
+        if self.halves:
+            raise ConversionError(f"stacked experts missing their gate or up half: {sorted(self.halves)}")
         if self.pending or not self.shards:
             self._flush()
         self._name_shards()

@@ -15,6 +15,7 @@ from torch import nn
 
 from toolkit.kernels import runtime
 
+from . import experts
 from .dense import DenseScheme
 from .layout import Layout
 from .notes import NoteLog
@@ -37,8 +38,10 @@ class _BnbScheme:
         """Lines for the load report (re-quantized slices and similar); read by the load pipeline."""
         return self.log.lines()
 
+    quantized_kinds = ("linear",)
+
     def scheme_for(self, *, layer_kind: str, prefix: str):
-        if layer_kind != "linear" or _is_skipped(prefix, self.options.skip_modules):
+        if layer_kind not in self.quantized_kinds or _is_skipped(prefix, self.options.skip_modules):
             return self.dense
         return self
 
@@ -66,6 +69,24 @@ class _BnbScheme:
 class Bnb4bitScheme(_BnbScheme):
     options: FourBitOptions
     parameter_class_name = "Bnb4bitParameter"
+
+    @property
+    def quantized_kinds(self) -> tuple[str, ...]:
+        # experts are quantized on the fly only: transformers' bnb checkpoints keep 3-D experts dense
+        return ("linear",) if self.prequantized else ("linear", "moe")
+
+    def create_moe_weights(self, layer: nn.Module, *, num_experts: int, hidden_size: int,
+                           intermediate_size_per_partition: int) -> None:
+        experts.create_dense_experts(layer, self.params_dtype, num_experts=num_experts, hidden_size=hidden_size,
+                                     intermediate_size_per_partition=intermediate_size_per_partition)
+
+    def apply_moe(self, layer: nn.Module, x: torch.Tensor, topk_weights: torch.Tensor,
+                  topk_ids: torch.Tensor) -> torch.Tensor:
+        return experts.apply_experts(layer, x.to(self.params_dtype), topk_weights, topk_ids)
+
+    def process_after_loading(self, layer: nn.Module) -> None:
+        if hasattr(layer, "expert_shard_ids"):  # a MoE layer: its dense experts are quantized now
+            experts.quantize_experts(layer, self.options)
 
     @property
     def name(self) -> str:

@@ -47,20 +47,25 @@ class GGUFParameter(ModelParameter):
     """Packed GGUF storage for a logical ``[rows, cols]`` weight (output dim 0, input dim 1)."""
 
     def __new__(cls, data: torch.Tensor, *, output_dim: int | None = 0, input_dim: int | None = 1,
-                shard_ids: tuple[int | None, ...] = (None,), logical_shape: tuple[int, int] = (0, 0)):
+                shard_ids: tuple[int | None, ...] = (None,), logical_shape: tuple[int, int] = (0, 0),
+                num_experts: int = 1):
         param = super().__new__(cls, data, output_dim=output_dim, input_dim=input_dim, shard_ids=shard_ids)
         param.logical_shape = tuple(int(d) for d in logical_shape)
         param.pending = {}  # (row_start) -> (qtype, uint8 rows) until finalize
         param.segments = ()
+        param.num_experts = num_experts  # > 1: experts stacked along the rows, logical_shape[0] / E each
         return param
 
     @classmethod
-    def empty(cls, rows: int, cols: int, *, shard_ids: tuple[int | None, ...]) -> "GGUFParameter":
-        """A parameter with no bytes yet, on the current default device (the layer's device)."""
-        return cls(torch.empty(0, dtype=torch.uint8), shard_ids=shard_ids, logical_shape=(rows, cols))
+    def empty(cls, rows: int, cols: int, *, shard_ids: tuple[int | None, ...], num_experts: int = 1) -> "GGUFParameter":
+        """A parameter with no bytes yet, on the current default device (the layer's device). Expert
+        weights ``[E, rows, cols]`` are held as ``[E * rows, cols]`` (expert-major rows)."""
+        return cls(torch.empty(0, dtype=torch.uint8), shard_ids=shard_ids, logical_shape=(num_experts * rows, cols),
+                   num_experts=num_experts)
 
     def __deepcopy__(self, memo):
-        copied = type(self)(self.data.clone(), shard_ids=self.shard_ids, logical_shape=self.logical_shape)
+        copied = type(self)(self.data.clone(), shard_ids=self.shard_ids, logical_shape=self.logical_shape,
+                            num_experts=self.num_experts)
         copied.pending = {k: (q, d.clone()) for k, (q, d) in self.pending.items()}
         copied.segments, copied.loaded_shards = self.segments, set(self.loaded_shards)
         return copied
@@ -68,7 +73,7 @@ class GGUFParameter(ModelParameter):
     def __reduce_ex__(self, protocol):
         self.finalize()
         return (_rebuild, (type(self), self.data, self.shard_ids, self.logical_shape, self.segments,
-                           self.loaded_shards))
+                           self.loaded_shards, self.num_experts))
 
     @property
     def logical_numel(self) -> int:
@@ -91,10 +96,16 @@ class GGUFParameter(ModelParameter):
 
     def _load_placed(self, loaded: Any, placement: Placement) -> None:
         tensor = self._check(loaded)
+        dest_row, rows = 0, self.logical_shape[0]
+        if placement.expert is not None:  # experts are stacked along the rows: [E * rows_per_expert, cols]
+            tensor = _one_expert(tensor, placement.source_expert)
+            rows = self.logical_shape[0] // self.num_experts
+            dest_row = placement.expert * rows
         if placement.axis == "output":
-            self._load_rows(tensor, placement)
+            self._load_rows(tensor, Placement("output", placement.source_start, placement.size,
+                                              dest_row + placement.dest_offset, placement.shard_id))
         else:
-            self._load_columns(tensor, placement)
+            self._load_columns(tensor, placement, dest_row=dest_row, rows=rows)
         self.loaded_shards.add(placement.shard_id)
         if not self.missing_shards():
             self.finalize()
@@ -110,10 +121,11 @@ class GGUFParameter(ModelParameter):
         data = tensor.data.narrow(0, placement.source_start, placement.size)
         self._keep(placement.dest_offset, tensor.qtype, data)
 
-    def _load_columns(self, tensor, placement: Placement) -> None:
+    def _load_columns(self, tensor, placement: Placement, *, dest_row: int = 0, rows: int | None = None) -> None:
+        expected = self.logical_shape[0] if rows is None else rows
         rows, cols = _matrix_shape(tensor)
         start, size, block = placement.source_start, placement.size, block_size(tensor.qtype)
-        if rows != self.logical_shape[0] or start + size > cols or size != self.logical_shape[1]:
+        if rows != expected or start + size > cols or size != self.logical_shape[1]:
             raise ShapeMismatchError(f"needs columns [{start}, {start + size}) of {self.logical_shape[0]} rows, "
                                      f"the checkpoint tensor is {rows} x {cols}")
         if start % block or size % block:
@@ -121,7 +133,7 @@ class GGUFParameter(ModelParameter):
                                 f"cuts {type_name(tensor.qtype)} blocks of {block} elements; use a tp size that "
                                 f"divides {cols // block} blocks per row")
         first, count = start // block * type_size(tensor.qtype), size // block * type_size(tensor.qtype)
-        self._keep(0, tensor.qtype, tensor.data.narrow(1, first, count))
+        self._keep(dest_row, tensor.qtype, tensor.data.narrow(1, first, count))
 
     def _check(self, loaded: Any):
         if not hasattr(loaded, "qtype") or not hasattr(loaded, "data"):
@@ -210,6 +222,29 @@ def _copy_rows(flat: torch.Tensor, segment: Segment, parts: list[torch.Tensor]) 
         row += part.shape[0]
 
 
+@dataclass(frozen=True)
+class _ExpertRows:
+    """One expert's rows of a stacked GGUF tensor (duck-types a GGUF tensor: qtype, shape, data)."""
+
+    qtype: int
+    shape: tuple[int, int]
+    data: torch.Tensor
+
+
+def _one_expert(tensor, source_expert: int | None):
+    """The expert ``source_expert`` of a stacked ``[E, rows, cols]`` tensor (or the tensor itself when
+    it holds one expert), as ``[rows, cols]`` packed rows."""
+    if source_expert is None:
+        if len(tensor.shape) != 2:
+            raise ShapeMismatchError(f"one expert's tensor should be 2-D, got shape {tuple(tensor.shape)}")
+        return tensor
+    if len(tensor.shape) != 3 or source_expert >= tensor.shape[0]:
+        raise ShapeMismatchError(f"needs expert {source_expert} of a stacked [experts, rows, cols] tensor, "
+                                 f"got shape {tuple(tensor.shape)}")
+    rows = tensor.shape[1]
+    return _ExpertRows(tensor.qtype, (rows, tensor.shape[2]), tensor.data.narrow(0, source_expert * rows, rows))
+
+
 def _matrix_shape(tensor) -> tuple[int, int]:
     """(rows, cols) of a GGUF tensor viewed as a matrix (leading dims fold into rows)."""
     shape = tuple(tensor.shape)
@@ -219,7 +254,7 @@ def _matrix_shape(tensor) -> tuple[int, int]:
     return rows, cols
 
 
-def _rebuild(cls, data, shard_ids, logical_shape, segments, loaded_shards):
-    param = cls(data, shard_ids=shard_ids, logical_shape=logical_shape)
+def _rebuild(cls, data, shard_ids, logical_shape, segments, loaded_shards, num_experts=1):
+    param = cls(data, shard_ids=shard_ids, logical_shape=logical_shape, num_experts=num_experts)
     param.segments, param.loaded_shards = tuple(segments), set(loaded_shards)
     return param

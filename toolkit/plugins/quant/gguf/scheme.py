@@ -60,10 +60,42 @@ class GGUFScheme:
             out = torch.zeros(flat.shape[0], cols, dtype=self.params_dtype, device=ids.device)
         return out.reshape(*ids.shape, cols)
 
+    def create_moe_weights(self, layer: nn.Module, *, num_experts: int, hidden_size: int,
+                           intermediate_size_per_partition: int) -> None:
+        """Stacked experts kept packed: ``gate_up_proj`` as [E * 2I, H] rows, ``down_proj`` as [E * H, I]."""
+        shards = layer.expert_shard_ids
+        layer.gate_up_proj = GGUFParameter.empty(2 * intermediate_size_per_partition, hidden_size,
+                                                 shard_ids=shards["gate_up_proj"], num_experts=num_experts)
+        layer.down_proj = GGUFParameter.empty(hidden_size, intermediate_size_per_partition,
+                                              shard_ids=shards["down_proj"], num_experts=num_experts)
+
+    def apply_moe(self, layer: nn.Module, x: torch.Tensor, topk_weights: torch.Tensor,
+                  topk_ids: torch.Tensor) -> torch.Tensor:
+        """One ``gguf_fused_moe`` when each stacked weight has one type (as llama.cpp writes them);
+        otherwise (gate and up of different types) the experts are dequantized for a dense one."""
+        x = x.to(self.params_dtype)
+        gate_up, down = layer.gate_up_proj.packed_segments(), layer.down_proj.packed_segments()
+        if len(gate_up) == 1 and len(down) == 1:
+            (gu_segment, gu_data), (down_segment, down_data) = gate_up[0], down[0]
+            return runtime.call("gguf_fused_moe", x, gu_data, gu_segment.qtype, down_data, down_segment.qtype,
+                                topk_weights, topk_ids, layer.activation)
+        return runtime.call("fused_moe", x, _dense_experts(layer.gate_up_proj, x.dtype),
+                            _dense_experts(layer.down_proj, x.dtype), topk_weights, topk_ids, layer.activation)
+
     def process_after_loading(self, layer: nn.Module) -> None:
         for param in layer.parameters(recurse=False):
             if isinstance(param, GGUFParameter):
                 param.finalize()
+
+
+def _dense_experts(param: GGUFParameter, dtype: torch.dtype) -> torch.Tensor:
+    """[E, rows, cols] dequantized (the mixed-type fallback)."""
+    rows, cols = param.logical_shape
+    out = torch.empty(rows, cols, dtype=dtype, device=param.data.device)
+    for segment, data in param.packed_segments():
+        out[segment.row_start:segment.row_start + segment.rows] = runtime.call("gguf_dequantize", data, segment.qtype,
+                                                                              cols, dtype)
+    return out.view(param.num_experts, rows // param.num_experts, cols)
 
 
 def _columns(parts: list[tuple[Segment, torch.Tensor]], rows: int, x: torch.Tensor) -> torch.Tensor:

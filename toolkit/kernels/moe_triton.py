@@ -1,0 +1,119 @@
+"""Triton fused mixture-of-experts on CUDA: route, group routes by expert, grouped matmul, weighted sum.
+
+Shared by 16-bit weights (``fused_moe``, here) and packed GGUF experts (``gguf_moe``):
+
+1. ``align_routes``: the ``T * k`` routes (token, expert) sorted by expert and padded so every
+   block of ``BM`` routes has one expert; all on the GPU with static shapes (no host sync), so
+   decode steps can be captured in CUDA graphs. For ``BM == 1`` no sorting is needed.
+2. a grouped matmul per projection: program (n-tile, route-block) multiplies its routes'
+   activations (gathered rows) by its expert's weight tile: ``gate_up`` ``[M, 2I]``;
+3. ``act(gate) * up`` (torch), then ``down`` with each route's weight applied in the kernel;
+4. the ``k`` routes of each token summed (a fixed-order reduction: deterministic).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+DECODE_ROUTES = 64  # up to this many routes, one route per program (BM=1, no sorting)
+BM_GROUPED = 16
+
+
+def align_routes(topk_ids: torch.Tensor, num_experts: int, bm: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(route per slot [P], expert per block [P / bm]); padding slots hold M, empty blocks expert E."""
+    flat = topk_ids.reshape(-1).long()
+    routes = flat.numel()
+    if bm == 1:
+        return torch.arange(routes, device=flat.device, dtype=torch.int32), flat.to(torch.int32)
+    counts = torch.zeros(num_experts, dtype=torch.int64, device=flat.device)
+    counts.scatter_add_(0, flat, torch.ones_like(flat))
+    padded = (counts + bm - 1) // bm * bm
+    padded_end = padded.cumsum(0)
+    order = torch.argsort(flat, stable=True)
+    by_expert = flat[order]
+    rank = torch.arange(routes, device=flat.device) - (counts.cumsum(0) - counts)[by_expert]
+    slots = triton.cdiv(routes + num_experts * (bm - 1), bm) * bm
+    sorted_route = torch.full((slots,), routes, dtype=torch.int32, device=flat.device)
+    sorted_route[(padded_end - padded)[by_expert] + rank] = order.to(torch.int32)
+    block_start = torch.arange(0, slots, bm, device=flat.device)
+    block_expert = torch.searchsorted(padded_end, block_start, right=True).to(torch.int32)
+    return sorted_route, block_expert
+
+
+@triton.jit
+def dense_moe_kernel(x_ptr, w_ptr, out_ptr, route_ptr, block_expert_ptr, weight_ptr, num_routes, num_experts,
+                     N, stride_x, K: tl.constexpr, TOP_K: tl.constexpr, PER_ROUTE_X: tl.constexpr, MUL_WEIGHT: tl.constexpr,
+                     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+    """out[route, n] = x[row(route)] . W[expert, n] (x W^T per route); W is [E, N, K] contiguous."""
+    pid_n, pid_m = tl.program_id(0), tl.program_id(1)
+    expert = tl.load(block_expert_ptr + pid_m)
+    if expert < num_experts:
+        routes = tl.load(route_ptr + pid_m * BM + tl.arange(0, BM))
+        valid = routes < num_routes
+        if PER_ROUTE_X:
+            rows = routes
+        else:
+            rows = routes // TOP_K
+        offs_n = pid_n * BN + tl.arange(0, BN)
+        w_rows = w_ptr + (expert.to(tl.int64) * N + tl.minimum(offs_n, N - 1).to(tl.int64)) * K
+        x_rows = x_ptr + tl.where(valid, rows, 0).to(tl.int64) * stride_x
+        acc = tl.zeros((BM, BN), dtype=tl.float32)
+        for k0 in range(0, K, BK):
+            offs_k = k0 + tl.arange(0, BK)
+            x = tl.load(x_rows[:, None] + offs_k[None, :], mask=valid[:, None] & (offs_k < K)[None, :], other=0.0)
+            w = tl.load(w_rows[:, None] + offs_k[None, :], mask=(offs_k < K)[None, :], other=0.0)
+            if BM == 1:
+                acc += tl.sum(w.to(tl.float32) * x.to(tl.float32), axis=1)[None, :]
+            else:
+                acc = tl.dot(x, tl.trans(w), acc)
+        if MUL_WEIGHT:
+            acc *= tl.load(weight_ptr + routes, mask=valid, other=0.0)[:, None]
+        out = out_ptr + routes.to(tl.int64)[:, None] * N + offs_n[None, :]
+        tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=valid[:, None] & (offs_n < N)[None, :])
+
+
+def block_rows(routes: int) -> int:
+    return 1 if routes <= DECODE_ROUTES else BM_GROUPED
+
+
+def run_moe(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, num_experts: int, inter: int,
+            matmul, activation: str) -> torch.Tensor:
+    """The four steps, with ``matmul(a, which, out_cols, route, block_expert, weights, bm)`` doing one
+    grouped projection (``which``: "gate_up" with per-token rows, "down" with per-route rows)."""
+    tokens, top_k = topk_ids.shape
+    bm = block_rows(tokens * top_k)
+    route, block_expert = align_routes(topk_ids, num_experts, bm)
+    gate_up = matmul(x, "gate_up", 2 * inter, route, block_expert, None, bm, top_k)
+    gate, up = gate_up.chunk(2, dim=-1)
+    hidden = (F.silu(gate) * up) if activation == "silu" else None
+    weights = topk_weights.reshape(-1).float().contiguous()
+    down = matmul(hidden.contiguous(), "down", x.shape[-1], route, block_expert, weights, bm, top_k)
+    return down.view(tokens, top_k, -1).sum(dim=1, dtype=torch.float32).to(x.dtype)
+
+
+def fused_moe(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, topk_weights: torch.Tensor,
+              topk_ids: torch.Tensor, activation: str = "silu") -> torch.Tensor:
+    num_experts, two_inter, hidden = gate_up.shape
+
+    def matmul(a, which, cols, route, block_expert, weights, bm, top_k):
+        w = gate_up if which == "gate_up" else down
+        routes = topk_ids.numel()
+        out = torch.empty(routes, cols, dtype=x.dtype, device=x.device)
+        bn, bk = (32, 128) if bm == 1 else (64, 64)
+        grid = (triton.cdiv(cols, bn), block_expert.numel())
+        dense_moe_kernel[grid](a, w, out, route, block_expert, weights if weights is not None else out, routes,
+                               num_experts, cols, a.stride(0), K=w.shape[2], TOP_K=top_k, PER_ROUTE_X=which == "down",
+                               MUL_WEIGHT=weights is not None, BM=bm, BN=bn, BK=bk)
+        return out
+
+    return run_moe(x, topk_weights, topk_ids, num_experts, two_inter // 2, matmul, activation)
+
+
+fused_moe.supports = lambda x, gate_up, down, topk_weights, topk_ids, activation="silu": (
+    x.is_cuda and x.dtype in (torch.float16, torch.bfloat16) and gate_up.dtype == x.dtype
+    and down.dtype == x.dtype and gate_up.is_contiguous() and down.is_contiguous() and activation == "silu"
+    and x.dim() == 2 and x.is_contiguous())
+
+OPS = {"fused_moe": fused_moe}
