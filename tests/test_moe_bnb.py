@@ -1,7 +1,8 @@
 """bitsandbytes NF4 on the fly for mixture-of-experts weights (the torch reference path).
 
 Oracle: transformers' forward over weights round-tripped through bitsandbytes' own
-``quantize_4bit`` / ``dequantize_4bit`` (experts one at a time, attention and shared-expert
+``quantize_4bit`` and a plain-torch dequantization of its output (``reference_dequantize_4bit``:
+bitsandbytes' AVX-512 CPU ``dequantize_4bit`` mis-scales rows that cut blocks) (experts one at a time, attention and shared-expert
 linears as bitsandbytes' Linear4bit would quantize them; routers, norms, embedding and head dense).
 """
 from __future__ import annotations
@@ -11,13 +12,14 @@ import torch
 
 import toolkit
 from moe_fixtures import VOCAB, save_moe_model
+from test_bnb_fixtures import reference_dequantize_4bit
 
 bnb_functional = pytest.importorskip("bitsandbytes.functional")
 
 
 def _round_trip(weight: torch.Tensor) -> torch.Tensor:
     packed, state = bnb_functional.quantize_4bit(weight.contiguous(), blocksize=64, quant_type="nf4")
-    return bnb_functional.dequantize_4bit(packed, state)
+    return reference_dequantize_4bit(packed, state)
 
 
 def _is_quantized_linear(name: str) -> bool:
