@@ -151,3 +151,24 @@ def test_stored_state_round_trip():
 def test_parameter_is_lazy_until_finalized():
     param = GGUFParameter.empty(4, 64, shard_ids=(None,))
     assert param.numel() == 0 and param.logical_numel == 256 and param.missing_shards() == {None}
+
+
+@pytest.mark.parametrize("compute", [torch.bfloat16, torch.float16, torch.float32])
+def test_float_tensors_are_cast_to_the_compute_dtype_once_at_load(compute):
+    """An F16 weight next to a Q8_0 one (one fused layer): after loading, the F16 segment is stored
+    in the compute dtype (no per-forward conversion) and the product equals x @ W.T in that dtype."""
+    f16, f16_values = packed(32, 256, Q.F16, seed=3)
+    q8, q8_values = packed(32, 256, Q.Q8_0, seed=4)
+    scheme = GGUFScheme(compute)
+    layer = MergedColumnParallelLinear(256, [32, 32], quant=scheme, parallel=rank(0, 1), prefix="gate_up")
+    layer.load_weight("weight", f16, 0)
+    layer.load_weight("weight", q8, 1)
+    scheme.process_after_loading(layer)
+    wanted = {torch.bfloat16: Q.BF16, torch.float16: Q.F16, torch.float32: Q.F32}[compute]
+    assert [s.qtype for s in layer.weight.segments] == [wanted, Q.Q8_0]
+    stored = layer.weight.segment_data(layer.weight.segments[0]).view(compute)
+    assert torch.equal(stored, f16_values.to(torch.float16).to(compute))   # gguf-py's F16 values, cast once
+    x = torch.randn(3, 256).to(compute)
+    expected = torch.cat([x.double() @ f16_values.to(compute).double().T, x.double() @ q8_values.to(compute).double().T], -1)
+    tol = 1e-5 if compute == torch.float32 else 3e-2
+    torch.testing.assert_close(layer(x).double(), expected, rtol=tol, atol=tol)

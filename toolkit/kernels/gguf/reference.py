@@ -13,6 +13,7 @@ from .types import block_size, check_packed, type_name, type_size
 
 DEQUANTIZERS = {**legacy.DEQUANTIZERS, **kquants.DEQUANTIZERS, **iquants.DEQUANTIZERS}
 SUPPORTED_TYPES = frozenset(DEQUANTIZERS)
+FLOAT_TYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
 
 
 def is_supported(qtype: int) -> bool:
@@ -35,7 +36,13 @@ def gguf_dequantize(data: torch.Tensor, qtype: int, cols: int, dtype: torch.dtyp
 
 
 def gguf_matmul(x: torch.Tensor, data: torch.Tensor, qtype: int, cols: int) -> torch.Tensor:
-    """``x [..., cols] @ W.T -> [..., rows]`` in ``x.dtype``, W the dequantized weight."""
+    """``x [..., cols] @ W.T -> [..., rows]`` in ``x.dtype``, W the dequantized weight.
+
+    A float type stored in x's own dtype (the GGUF scheme casts float tensors to the compute
+    dtype at load) is only reinterpreted: no copy, a plain dense matmul."""
+    if FLOAT_TYPES.get(type_name(qtype)) == x.dtype and data.dim() == 2 and data.stride(-1) == 1:
+        check_packed(data, qtype, cols, SUPPORTED_TYPES)
+        return x @ data.view(x.dtype).T
     weight = gguf_dequantize(data, qtype, cols, x.dtype)
     return x @ weight.T
 

@@ -25,6 +25,9 @@ from toolkit.core.params import ModelParameter, Placement
 from toolkit.kernels.gguf import block_size, bytes_per_row, is_supported, type_name, type_size
 
 SEGMENT_FIELDS = 5  # row_start, rows, qtype, byte_offset, row_bytes
+# GGML types F32, F16 and BF16: their torch dtypes, and the type that stores each torch dtype
+FLOAT_DTYPES = {0: torch.float32, 1: torch.float16, 30: torch.bfloat16}
+FLOAT_QTYPES = {dtype: qtype for qtype, dtype in FLOAT_DTYPES.items()}
 
 
 @dataclass(frozen=True)
@@ -176,6 +179,29 @@ class GGUFParameter(ModelParameter):
     def segment_data(self, segment: Segment) -> torch.Tensor:
         """uint8 ``[rows, row_bytes]`` view of one segment."""
         return self.data.narrow(0, segment.byte_offset, segment.nbytes).view(segment.rows, segment.row_bytes)
+
+    def cast_float_segments(self, dtype: torch.dtype) -> None:
+        """Store F32/F16/BF16 segments as ``dtype`` (the compute dtype), once, after loading.
+
+        Why: a float segment in another dtype would otherwise be converted on every forward (a
+        1.5B F16 file decoded with bf16 activations spent half of each step in casts). A model
+        loaded from safetensors is cast to its compute dtype at load time the same way.
+        """
+        self.finalize()
+        target = FLOAT_QTYPES.get(dtype)
+        if target is None or not any(s.qtype in FLOAT_DTYPES and s.qtype != target for s in self.segments):
+            return
+        pieces = []
+        for segment in self.segments:
+            data = self.segment_data(segment)
+            if segment.qtype in FLOAT_DTYPES and segment.qtype != target:
+                values = data.contiguous().view(FLOAT_DTYPES[segment.qtype]).to(dtype)
+                pieces.append((segment.row_start, target, values.view(torch.uint8)))
+            else:
+                pieces.append((segment.row_start, segment.qtype, data.clone()))
+        self.pending = {start: (qtype, data) for start, qtype, data in pieces}
+        self.segments = ()
+        self.finalize()
 
     def packed_segments(self) -> list[tuple[Segment, torch.Tensor]]:
         self.finalize()

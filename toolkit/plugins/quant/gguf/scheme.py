@@ -85,7 +85,7 @@ class GGUFScheme:
     def process_after_loading(self, layer: nn.Module) -> None:
         for param in layer.parameters(recurse=False):
             if isinstance(param, GGUFParameter):
-                param.finalize()
+                param.cast_float_segments(self.params_dtype)
 
 
 def _dense_experts(param: GGUFParameter, dtype: torch.dtype) -> torch.Tensor:

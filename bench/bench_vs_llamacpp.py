@@ -1,0 +1,177 @@
+"""toolkit's engine against llama.cpp on the same GGUF files, side by side in one run.
+
+For each GGUF file:
+
+* llama.cpp: ``llama-bench -fa 1 -p 512 -n 128 -ngl 99 -o json`` (prompt 512 tok/s, generation
+  tok/s at batch 1) and ``llama-batched-bench -npp 128 -ntg 128 -npl 1,8,32,64 -fa on -ngl 99
+  --output-format jsonl`` (``S_TG``, generation tok/s over the whole batch);
+* toolkit, in a fresh process per file (so neither engine holds GPU memory the other needs):
+  the engine's own benchmark (``toolkit bench``'s ``--batch-sizes 1,8,32,64 --input-len 128
+  --output-len 128``), decode tok/s = batch / median TPOT; prefill = 512 / median TTFT of a
+  single 512-token prompt (5 runs after a warm-up).
+
+Writes one markdown table of ratios (toolkit / llama.cpp; > 1 means toolkit is faster) and a
+JSON file with every raw number. llama.cpp's batch-1 figure is the larger of llama-bench's
+``tg128`` and batched-bench's ``B=1`` row, so the ratio never flatters toolkit.
+
+    python bench/bench_vs_llamacpp.py --llama-build /tmp/llama.cpp/build --out /tmp/vs --models a.gguf b.gguf
+    python bench/bench_vs_llamacpp.py --skip-llamacpp --models a.gguf      # toolkit only
+    python bench/bench_vs_llamacpp.py --extra-model x.safetensors-dir ...   # toolkit only, for reference rows
+
+How to build llama.cpp on the device: docs/benchmarks.md.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+BATCHES = (1, 8, 32, 64)
+
+
+# ---- llama.cpp ----------------------------------------------------------------------------------
+def _binary(build: Path, name: str) -> Path:
+    for candidate in (build / "bin" / name, build / name):
+        if candidate.exists():
+            return candidate
+    raise FileNotFoundError(f"{name} not found under {build} (build it: docs/benchmarks.md)")
+
+
+def llama_bench(build: Path, model: str, prompt: int, gen: int) -> dict:
+    cmd = [str(_binary(build, "llama-bench")), "-m", model, "-fa", "1", "-p", str(prompt), "-n", str(gen),
+           "-ngl", "99", "-o", "json"]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+    rows = json.loads(out)
+    result = {"command": " ".join(cmd)}
+    for row in rows:
+        if row["n_prompt"] and not row["n_gen"]:
+            result["prefill_tok_s"] = row["avg_ts"]
+        elif row["n_gen"] and not row["n_prompt"]:
+            result["decode_b1_tok_s"] = row["avg_ts"]
+    return result
+
+
+def llama_batched_bench(build: Path, model: str, batches, input_len: int, output_len: int) -> dict:
+    ctx = max(batches) * (input_len + output_len) + 256
+    cmd = [str(_binary(build, "llama-batched-bench")), "-m", model, "-c", str(ctx), "-b", "2048", "-ub", "512",
+           "-npp", str(input_len), "-ntg", str(output_len), "-npl", ",".join(map(str, batches)), "-fa", "on",
+           "-ngl", "99", "--output-format", "jsonl"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    result = {"command": " ".join(cmd), "decode_tok_s": {}}
+    for line in (proc.stdout + "\n" + proc.stderr).splitlines():
+        line = line.strip()
+        if line.startswith("{") and '"speed_tg"' in line:
+            row = json.loads(line)
+            result["decode_tok_s"][int(row["pl"])] = row["speed_tg"]
+    return result
+
+
+# ---- toolkit ------------------------------------------------------------------------------------
+def toolkit_worker(model: str, batches, input_len: int, output_len: int, prompt: int, out: str) -> None:
+    """Runs in its own process: load once, decode at each batch size, then time prefill."""
+    import torch  # noqa: PLC0415
+
+    import toolkit  # noqa: PLC0415
+    from toolkit.core.engine import benchmark  # noqa: PLC0415
+
+    start = time.perf_counter()
+    llm = toolkit.LLM(model, device="cuda", max_num_seqs=max(batches), enable_prefix_caching=False)
+    load_s = time.perf_counter() - start
+    rows = benchmark.run(llm, list(batches), input_len, output_len)
+    decode = {row["batch_size"]: row["batch_size"] * 1e3 / row["tpot_p50_ms"] for row in rows}
+    benchmark.measure(llm, 1, prompt, 2, seed=99)                     # warm-up at the prefill shape
+    ttft = [benchmark.measure(llm, 1, prompt, 1, seed=100 + i)["ttft_p50_ms"] for i in range(5)]
+    result = {"load_s": load_s, "decode_tok_s": decode, "rows": rows, "prefill_ttft_ms": ttft,
+              "prefill_tok_s": prompt * 1e3 / statistics.median(ttft), "device": torch.cuda.get_device_name(),
+              "graphs": not llm.executor.runner.enforce_eager if hasattr(llm.executor.runner, "enforce_eager") else None}
+    Path(out).write_text(json.dumps(result, indent=2))
+
+
+def run_toolkit(model: str, args, scratch: Path) -> dict:
+    out = scratch / (Path(model).name + ".toolkit.json")
+    cmd = [sys.executable, __file__, "--worker", model, "--out", str(scratch),
+           "--batch-sizes", ",".join(map(str, args.batches)), "--input-len", str(args.input_len),
+           "--output-len", str(args.output_len), "--prompt", str(args.prompt), "--worker-json", str(out)]
+    proc = subprocess.run(cmd, text=True, capture_output=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    if proc.returncode:
+        return {"error": (proc.stdout + proc.stderr)[-3000:]}
+    result = json.loads(out.read_text())
+    result["decode_tok_s"] = {int(k): v for k, v in result["decode_tok_s"].items()}
+    return result
+
+
+# ---- table ----------------------------------------------------------------------------------------
+def _cell(ours, theirs) -> str:
+    if ours is None or theirs is None:
+        return f"{theirs or '-'} / {ours or '-'}"
+    return f"{theirs:,.0f} / {ours:,.0f} = **{ours / theirs:.2f}x**"
+
+
+def table(results: dict, batches) -> str:
+    head = "| model | " + " | ".join(f"decode b{b} tok/s" for b in batches) + " | prefill tok/s | toolkit load s |"
+    lines = ["cells: llama.cpp / toolkit = toolkit's speed over llama.cpp's", "", head,
+             "|" + "---|" * (len(batches) + 3)]
+    for model, res in results.items():
+        ours, theirs = res.get("toolkit", {}), res.get("llamacpp", {})
+        cells = []
+        for b in batches:
+            mine = ours.get("decode_tok_s", {}).get(b)
+            peer = theirs.get("decode_tok_s", {}).get(b)
+            if b == 1 and theirs.get("decode_b1_tok_s"):
+                peer = max(peer or 0, theirs["decode_b1_tok_s"])
+            cells.append(_cell(mine, peer))
+        cells.append(_cell(ours.get("prefill_tok_s"), theirs.get("prefill_tok_s")))
+        cells.append(f"{ours['load_s']:.2f}" if "load_s" in ours else ("error" if "error" in ours else "-"))
+        lines.append(f"| {Path(model).name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", nargs="*", default=[], help="GGUF files (both engines)")
+    parser.add_argument("--extra-model", nargs="*", default=[], help="toolkit only (e.g. a safetensors dir)")
+    parser.add_argument("--llama-build", type=Path, help="llama.cpp build directory (with bin/llama-bench)")
+    parser.add_argument("--skip-llamacpp", action="store_true")
+    parser.add_argument("--skip-toolkit", action="store_true")
+    parser.add_argument("--batch-sizes", default=",".join(map(str, BATCHES)))
+    parser.add_argument("--input-len", type=int, default=128)
+    parser.add_argument("--output-len", type=int, default=128)
+    parser.add_argument("--prompt", type=int, default=512, help="prefill length")
+    parser.add_argument("--out", type=Path, default=Path("bench/results"))
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
+    parser.add_argument("--worker-json", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    args.batches = tuple(int(b) for b in args.batch_sizes.split(","))
+    if args.worker:
+        toolkit_worker(args.worker, args.batches, args.input_len, args.output_len, args.prompt, args.worker_json)
+        return
+    args.out.mkdir(parents=True, exist_ok=True)
+    results: dict = {}
+    for model in args.models + args.extra_model:
+        res = results.setdefault(model, {})
+        if not args.skip_toolkit:
+            res["toolkit"] = run_toolkit(model, args, args.out)
+            print(model, "toolkit", json.dumps({k: v for k, v in res["toolkit"].items() if k != "rows"}), flush=True)
+        if not args.skip_llamacpp and model in args.models and args.llama_build:
+            try:
+                res["llamacpp"] = {**llama_bench(args.llama_build, model, args.prompt, args.output_len)}
+                batched = llama_batched_bench(args.llama_build, model, args.batches, args.input_len, args.output_len)
+                res["llamacpp"]["decode_tok_s"] = batched["decode_tok_s"]
+                res["llamacpp"]["batched_command"] = batched["command"]
+            except (subprocess.CalledProcessError, FileNotFoundError) as exc:
+                stderr = getattr(exc, "stderr", "") or ""
+                res["llamacpp"] = {"error": f"{exc} {stderr[-2000:]}"}
+            print(model, "llama.cpp", json.dumps(res["llamacpp"]), flush=True)
+        (args.out / "vs_llamacpp.json").write_text(json.dumps(results, indent=2))
+    text = table(results, args.batches)
+    (args.out / "vs_llamacpp.md").write_text(text + "\n")
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
