@@ -18,6 +18,33 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, weight_offset: f
     return weight * normed.to(dtype)
 
 
+def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
+                 weight_offset: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(rms_norm(x + residual), x + residual)``: a residual add and the next norm as one op."""
+    total = x + residual
+    return rms_norm(total, weight, eps, weight_offset), total
+
+
+def gated_activation(x: torch.Tensor, activation: str) -> torch.Tensor:
+    """``act(gate) * up`` for ``x = [gate | up]`` along the last dim (a gated MLP's middle)."""
+    gate, up = x.chunk(2, dim=-1)
+    return GATED_ACTIVATIONS[activation](gate) * up
+
+
+GATED_ACTIVATIONS = {"silu": torch.nn.functional.silu,
+                     "gelu_pytorch_tanh": lambda x: torch.nn.functional.gelu(x, approximate="tanh"),
+                     "gelu": torch.nn.functional.gelu}
+
+
+def rotary_qk(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, inv_freq: torch.Tensor, head_dim: int,
+              rotary_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rotate-half RoPE of q and k at ``positions`` (angles ``position * inv_freq`` in float32)."""
+    freqs = positions.float().unsqueeze(-1) * inv_freq.to(positions.device).unsqueeze(0)
+    angles = torch.cat((freqs, freqs), dim=-1)
+    cos, sin = angles.cos(), angles.sin()
+    return rotary(q, cos, sin, head_dim, rotary_dim), rotary(k, cos, sin, head_dim, rotary_dim)
+
+
 def rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, head_dim: int, rotary_dim: int) -> torch.Tensor:
     """Rotate-half RoPE on the first ``rotary_dim`` features of every head. x: [T, heads * head_dim]."""
     tokens = x.shape[0]
@@ -109,6 +136,7 @@ def paged_decode(q, k_cache, v_cache, attn, scale: float, sliding_window=None, s
 
 @hookimpl
 def register_kernels(register):
-    for name, fn in (("rms_norm", rms_norm), ("rotary", rotary), ("store_kv", store_kv),
+    for name, fn in (("rms_norm", rms_norm), ("add_rms_norm", add_rms_norm), ("gated_activation", gated_activation),
+                     ("rotary_qk", rotary_qk), ("rotary", rotary), ("store_kv", store_kv),
                      ("varlen_attention", varlen_attention), ("paged_attention", paged_attention)):
         register(name, fn, device="any")

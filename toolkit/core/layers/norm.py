@@ -18,5 +18,9 @@ class RMSNorm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return runtime.call("rms_norm", x, self.weight, self.eps, self.weight_offset)
 
+    def forward_add(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(norm(x + residual), x + residual)`` as one op (a pre-norm block's residual add)."""
+        return runtime.call("add_rms_norm", x, residual, self.weight, self.eps, self.weight_offset)
+
     def load_weight(self, param_name: str, loaded, shard_id: int | None) -> None:
         getattr(self, param_name).load_replicated(loaded)

@@ -46,8 +46,4 @@ class RotaryEmbedding(nn.Module):
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """q: [tokens, heads * head_dim], k: [tokens, kv_heads * head_dim]; returns rotated copies."""
-        freqs = positions.float().unsqueeze(-1) * self.inv_freq.to(positions.device).unsqueeze(0)
-        angles = torch.cat((freqs, freqs), dim=-1)
-        cos, sin = angles.cos(), angles.sin()
-        return (runtime.call("rotary", q, cos, sin, self.head_dim, self.rotary_dim),
-                runtime.call("rotary", k, cos, sin, self.head_dim, self.rotary_dim))
+        return runtime.call("rotary_qk", positions, q, k, self.inv_freq, self.head_dim, self.rotary_dim)

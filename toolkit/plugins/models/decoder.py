@@ -16,6 +16,7 @@ from toolkit.core.layers import (Attention, AttentionMetadata, MergedColumnParal
                                  QKVParallelLinear, RMSNorm, RotaryEmbedding, RowParallelLinear, VocabParallelEmbedding)
 from toolkit.core.parallel import ParallelContext
 from toolkit.core.quant import QuantScheme
+from toolkit.kernels import runtime
 
 PACKED_MODULES = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
 
@@ -76,10 +77,11 @@ class GatedMLP(nn.Module):
         if config.hidden_act not in ACTIVATIONS:
             raise ValueError(f"activation {config.hidden_act!r} is not supported ({', '.join(ACTIVATIONS)})")
         self.act = ACTIVATIONS[config.hidden_act]
+        self.activation = config.hidden_act
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        return self.down_proj(self.act(gate) * up)
+        # act(gate) * up as one op (one kernel on CUDA instead of an activation and a product)
+        return self.down_proj(runtime.call("gated_activation", self.gate_up_proj(x), self.activation))
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -94,8 +96,9 @@ class LlamaDecoderLayer(nn.Module):
         self.mlp = GatedMLP(config, quant=quant, parallel=parallel, prefix=f"{prefix}.mlp")
 
     def forward(self, positions, hidden, attn):
-        hidden = hidden + self.self_attn(positions, self.input_layernorm(hidden), attn)
-        return hidden + self.mlp(self.post_attention_layernorm(hidden))
+        attended = self.self_attn(positions, self.input_layernorm(hidden), attn)
+        normed, hidden = self.post_attention_layernorm.forward_add(attended, hidden)  # residual add + norm: one op
+        return hidden + self.mlp(normed)
 
 
 class DecoderModel(nn.Module):

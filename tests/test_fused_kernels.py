@@ -1,0 +1,85 @@
+"""The fused Triton kernels (toolkit/kernels/fused) against the torch references, on CUDA.
+
+Fresh random inputs per case; the references round after every operation in the activation
+dtype while the kernels compute in float32 and round once, so the tolerance is the dtype's:
+relative Frobenius error under 1e-2 for bf16 / fp16 and 1e-5 for float32. The reference ops
+themselves are what the CPU model tests (against transformers) exercise.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from toolkit.kernels import reference
+
+pytestmark = pytest.mark.gpu
+TOL = {torch.bfloat16: 1e-2, torch.float16: 4e-3, torch.float32: 1e-5}
+
+
+@pytest.fixture(scope="module")
+def ops():
+    from toolkit.kernels.fused import ops as fused  # noqa: PLC0415 - needs Triton
+    return fused
+
+
+def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    assert out.shape == ref.shape and out.dtype == ref.dtype
+    assert torch.isfinite(out).all()
+    return ((out.double() - ref.double()).norm() / ref.double().norm()).item()
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("shape", [(1, 4096), (7, 2048), (3, 5, 128), (2, 3000)])
+@pytest.mark.parametrize("offset", [0.0, 1.0])
+def test_rms_norm_and_add_rms_norm(ops, dtype, shape, offset):
+    gen = torch.Generator(device="cuda").manual_seed(hash((shape, offset)) % 2**31)
+    x = torch.randn(shape, generator=gen, device="cuda").to(dtype) * 3
+    residual = torch.randn(shape, generator=gen, device="cuda").to(dtype)
+    weight = (1 + 0.3 * torch.randn(shape[-1], generator=gen, device="cuda")).to(dtype)
+    assert ops.rms_norm.supports(x, weight, 1e-6, offset)
+    assert rel_err(ops.rms_norm(x, weight, 1e-6, offset), reference.rms_norm(x, weight, 1e-6, offset)) < TOL[dtype]
+    normed, total = ops.add_rms_norm(x, residual, weight, 1e-6, offset)
+    ref_normed, ref_total = reference.add_rms_norm(x, residual, weight, 1e-6, offset)
+    assert torch.equal(total, ref_total)            # one correctly rounded add either way
+    assert rel_err(normed, ref_normed) < TOL[dtype]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("heads,kv_heads,head_dim,rotary_dim", [(32, 8, 128, 128), (8, 2, 64, 32), (4, 4, 80, 80)])
+def test_rotary_qk_on_views_of_a_fused_qkv(ops, dtype, heads, kv_heads, head_dim, rotary_dim):
+    """q and k are strided views of one qkv output, as the attention layer passes them."""
+    tokens = 9
+    gen = torch.Generator(device="cuda").manual_seed(heads * 1000 + head_dim)
+    qkv = torch.randn(tokens, (heads + 2 * kv_heads) * head_dim, generator=gen, device="cuda").to(dtype)
+    q, k, _ = qkv.split([heads * head_dim, kv_heads * head_dim, kv_heads * head_dim], dim=-1)
+    positions = torch.randint(0, 8000, (tokens,), generator=gen, device="cuda")
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, rotary_dim, 2, device="cuda").float() / rotary_dim))
+    assert ops.rotary_qk.supports(positions, q, k, inv_freq, head_dim, rotary_dim)
+    out_q, out_k = ops.rotary_qk(positions, q, k, inv_freq, head_dim, rotary_dim)
+    ref_q, ref_k = reference.rotary_qk(positions, q, k, inv_freq, head_dim, rotary_dim)
+    assert rel_err(out_q, ref_q) < TOL[dtype] and rel_err(out_k, ref_k) < TOL[dtype]
+    if rotary_dim < head_dim:  # the pass-through features are copied exactly
+        tail = q.reshape(tokens, heads, head_dim)[..., rotary_dim:]
+        assert torch.equal(out_q.reshape(tokens, heads, head_dim)[..., rotary_dim:], tail)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("activation", ["silu", "gelu_pytorch_tanh", "gelu"])
+@pytest.mark.parametrize("rows,cols", [(1, 14336), (13, 1000)])
+def test_gated_activation(ops, dtype, activation, rows, cols):
+    gen = torch.Generator(device="cuda").manual_seed(rows + cols)
+    x = (torch.randn(rows, 2 * cols, generator=gen, device="cuda") * 2).to(dtype)
+    assert ops.gated_activation.supports(x, activation)
+    out = ops.gated_activation(x, activation)
+    assert rel_err(out, reference.gated_activation(x, activation)) < TOL[dtype]
+
+
+def test_the_runtime_dispatches_cuda_calls_to_the_fused_kernels(ops):
+    from toolkit.core.registry import default_registry  # noqa: PLC0415
+    from toolkit.kernels import runtime  # noqa: PLC0415
+    default_registry()
+    x = torch.randn(2, 256, device="cuda", dtype=torch.bfloat16)
+    w = torch.ones(256, device="cuda", dtype=torch.bfloat16)
+    assert runtime.resolve("rms_norm", x, w, 1e-6, 0.0) is ops.rms_norm
+    assert runtime.resolve("gated_activation", x, "silu") is ops.gated_activation
+    assert runtime.resolve("rms_norm", x.cpu(), w.cpu(), 1e-6, 0.0) is reference.rms_norm

@@ -1,0 +1,103 @@
+"""Runtime-facing wrappers of the fused Triton kernels (same signatures as the references), each
+with ``supports`` declining what the kernels do not handle (the reference then runs)."""
+from __future__ import annotations
+
+import torch
+import triton
+
+from .triton_kernels import gated_activation_kernel, rms_norm_kernel, rotary_qk_kernel
+
+DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+MAX_NORM_COLS = 65536
+ACTIVATION_CODES = {"silu": 0, "gelu_pytorch_tanh": 1, "gelu": 2}
+
+
+def _rows(x: torch.Tensor) -> torch.Tensor:
+    return x.reshape(-1, x.shape[-1])
+
+
+def _norm_warps(block: int) -> int:
+    return 1 if block <= 256 else 4 if block <= 2048 else 8
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, weight_offset: float = 0.0) -> torch.Tensor:
+    flat = _rows(x)
+    out = torch.empty_like(flat)
+    block = triton.next_power_of_2(flat.shape[1])
+    if flat.shape[0]:
+        rms_norm_kernel[(flat.shape[0],)](flat, flat, weight, out, out, flat.shape[1], flat.stride(0), 0, out.stride(0),
+                                          0, float(eps), float(weight_offset), HAS_RESIDUAL=False,
+                                          HAS_OFFSET=bool(weight_offset), BLOCK=block, num_warps=_norm_warps(block))
+    return out.view(x.shape)
+
+
+def _norm_supports(x, weight, eps, weight_offset=0.0) -> bool:
+    return (x.is_cuda and x.dtype in DTYPES and x.shape[-1] <= MAX_NORM_COLS and x.stride(-1) == 1
+            and weight.is_cuda and weight.dim() == 1 and weight.shape[0] == x.shape[-1] and weight.is_contiguous()
+            and (bool(weight_offset) or weight.dtype == x.dtype))  # else the reference promotes the dtype
+
+
+rms_norm.supports = _norm_supports
+
+
+def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
+                 weight_offset: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+    flat, res = _rows(x), _rows(residual)
+    out, total = torch.empty_like(flat), torch.empty_like(flat)
+    block = triton.next_power_of_2(flat.shape[1])
+    if flat.shape[0]:
+        rms_norm_kernel[(flat.shape[0],)](flat, res, weight, out, total, flat.shape[1], flat.stride(0), res.stride(0),
+                                          out.stride(0), total.stride(0), float(eps), float(weight_offset),
+                                          HAS_RESIDUAL=True, HAS_OFFSET=bool(weight_offset), BLOCK=block,
+                                          num_warps=_norm_warps(block))
+    return out.view(x.shape), total.view(x.shape)
+
+
+add_rms_norm.supports = lambda x, residual, weight, eps, weight_offset=0.0: (
+    _norm_supports(x, weight, eps, weight_offset) and residual.shape == x.shape and residual.dtype == x.dtype
+    and residual.is_cuda and residual.stride(-1) == 1)
+
+
+def rotary_qk(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, inv_freq: torch.Tensor, head_dim: int,
+              rotary_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    tokens = q.shape[0]
+    q_out = torch.empty(q.shape, dtype=q.dtype, device=q.device)   # contiguous even when q is a view
+    k_out = torch.empty(k.shape, dtype=k.dtype, device=k.device)
+    q_heads, k_heads = q.shape[1] // head_dim, k.shape[1] // head_dim
+    half, passthrough = rotary_dim // 2, head_dim - rotary_dim
+    if tokens:
+        rotary_qk_kernel[(tokens,)](positions, inv_freq, q, k, q_out, k_out, q_heads, k_heads, q.stride(0),
+                                    k.stride(0), q_out.stride(0), k_out.stride(0), HEAD_DIM=head_dim, HALF=half,
+                                    BLOCK_HALF=triton.next_power_of_2(half),
+                                    BLOCK_QH=triton.next_power_of_2(q_heads), BLOCK_KH=triton.next_power_of_2(k_heads),
+                                    PASS=passthrough, BLOCK_PASS=triton.next_power_of_2(max(passthrough, 1)),
+                                    num_warps=4)
+    return q_out, k_out
+
+
+rotary_qk.supports = lambda positions, q, k, inv_freq, head_dim, rotary_dim: (
+    q.is_cuda and q.dtype in DTYPES and k.dtype == q.dtype and q.dim() == 2 and k.dim() == 2
+    and q.stride(1) == 1 and k.stride(1) == 1 and positions.is_cuda and positions.dim() == 1
+    and positions.shape[0] == q.shape[0] == k.shape[0] and inv_freq.is_cuda and inv_freq.is_floating_point()
+    and inv_freq.is_contiguous() and rotary_dim % 2 == 0 and 0 < rotary_dim <= head_dim
+    and inv_freq.shape[0] == rotary_dim // 2 and q.shape[1] % head_dim == 0 and k.shape[1] % head_dim == 0)
+
+
+def gated_activation(x: torch.Tensor, activation: str) -> torch.Tensor:
+    flat = _rows(x)
+    cols = flat.shape[1] // 2
+    out = torch.empty(flat.shape[0], cols, dtype=x.dtype, device=x.device)
+    block = min(1024, triton.next_power_of_2(cols))
+    if flat.shape[0]:
+        gated_activation_kernel[(flat.shape[0], triton.cdiv(cols, block))](
+            flat, out, cols, flat.stride(0), out.stride(0), ACT=ACTIVATION_CODES[activation], BLOCK=block,
+            num_warps=4)
+    return out.view(*x.shape[:-1], cols)
+
+
+gated_activation.supports = lambda x, activation: (
+    x.is_cuda and x.dtype in DTYPES and activation in ACTIVATION_CODES and x.shape[-1] % 2 == 0
+    and x.stride(-1) == 1 and x.reshape(-1, x.shape[-1]).stride(-1) == 1)
+
+OPS = {"rms_norm": rms_norm, "add_rms_norm": add_rms_norm, "rotary_qk": rotary_qk,
+       "gated_activation": gated_activation}
