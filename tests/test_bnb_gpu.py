@@ -54,3 +54,27 @@ def test_prequantized_and_round_trip_on_cuda(dense, tmp_path, kind):
     BnbLoader().save(ours, tmp_path / "ours")
     _, again = _hf(tmp_path / "ours")
     torch.testing.assert_close(again, reference, rtol=0, atol=ATOL)
+
+
+@pytest.mark.parametrize("spec,graphs", [("bnb-int8", False), ("bnb-int8:threshold=0", True),
+                                         ("bnb-nf4", True)])
+def test_engine_decodes_bnb_on_cuda_with_graphs_or_an_eager_note(dense, spec, graphs):
+    """LLM.int8 with outlier columns cannot be captured (bitsandbytes finds them on the host): the
+    engine must decode eagerly with a note instead of dying in capture; the other schemes replay
+    graphs. Either way the tokens equal an engine forced to run eagerly."""
+    path, _ = dense
+    params = toolkit.SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+    prompts = [PROMPT, PROMPT[:3]]
+    loaded = toolkit.load(path, quant=spec, dtype="bf16", device="cuda")
+    if graphs:
+        llm = toolkit.LLM(loaded, max_num_seqs=4, kv_cache_memory="64MiB")
+    else:
+        with pytest.warns(UserWarning, match="without CUDA graphs"):
+            llm = toolkit.LLM(loaded, max_num_seqs=4, kv_cache_memory="64MiB")
+    runner = llm.executor.runner
+    assert (runner.graphs is not None) == graphs and (runner.graph_note is None) == graphs
+    got = [out.token_ids for out in llm.generate(prompts, params)]
+    llm.close()
+    eager = toolkit.LLM(loaded, max_num_seqs=4, kv_cache_memory="64MiB", enforce_eager=True)
+    assert got == [out.token_ids for out in eager.generate(prompts, params)]
+    eager.close()

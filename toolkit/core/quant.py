@@ -19,6 +19,9 @@ class QuantScheme(Protocol):
 
     name: str
     params_dtype: torch.dtype
+    # Optional: a sentence saying why ``apply`` cannot run inside a CUDA graph (it waits on the
+    # host, say); the engine then decodes eagerly with that note instead of failing to capture.
+    # cuda_graph_blocker: str | None
 
     def scheme_for(self, *, layer_kind: str, prefix: str) -> "QuantScheme":
         """The scheme that should serve this layer (``layer_kind``: linear, embedding, lm_head)."""

@@ -6,6 +6,7 @@ tensor parallelism the same step runs on every rank from the parent's descriptio
 """
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -48,6 +49,19 @@ class StepInput:
         return all(n == 1 for n in self.query_lens)
 
 
+def graph_blockers(model: torch.nn.Module) -> str | None:
+    """Why the model's decode step cannot be captured in a CUDA graph, or None.
+
+    A quant scheme whose ``apply`` synchronises with the host (data-dependent shapes) says so
+    with a ``cuda_graph_blocker`` attribute (a sentence, or None); capturing it would fail."""
+    notes = []
+    for module in model.modules():
+        note = getattr(getattr(module, "scheme", None), "cuda_graph_blocker", None)
+        if note and note not in notes:
+            notes.append(note)
+    return "; ".join(notes) or None
+
+
 class ModelRunner:
     def __init__(self, loaded, config: RunnerConfig):
         self.loaded, self.model, self.config = loaded, loaded.model, config
@@ -59,6 +73,7 @@ class ModelRunner:
         self.num_blocks = 0
         self.caches: list[tuple[torch.Tensor, torch.Tensor]] = []  # ours, even while another engine binds its own
         self.graphs: DecodeGraphs | None = None
+        self.graph_note: str | None = None     # why decode runs eagerly on CUDA, if it does
 
     # ---- KV cache ---------------------------------------------------------------------------
     def profile_num_blocks(self) -> int:
@@ -93,9 +108,25 @@ class ModelRunner:
         self.num_blocks = num_blocks
         self.caches = kv_cache.allocate(self.layers, num_blocks, self.config.block_size, self.dtype, self.device)
         kv_cache.bind(self.layers, self.caches)
+        self.graph_note = None
         if self.device.type == "cuda" and not self.config.enforce_eager:
-            self.graphs = DecodeGraphs(self, max_batch_size=self.config.max_num_seqs)
-            self.graphs.capture()
+            self.graph_note = graph_blockers(self.model)
+            if self.graph_note is None:
+                self._capture()
+            if self.graph_note is not None:
+                warnings.warn(f"decode runs without CUDA graphs: {self.graph_note}", stacklevel=2)
+
+    def _capture(self) -> None:
+        """Capture the decode graphs; a capture that fails (a kernel that syncs with the host, say)
+        leaves the engine eager with a note, never broken."""
+        graphs = DecodeGraphs(self, max_batch_size=self.config.max_num_seqs)
+        try:
+            graphs.capture()
+        except Exception as exc:  # noqa: BLE001 - whatever a kernel raised inside capture
+            torch.cuda.synchronize(self.device)
+            self.graph_note = f"CUDA graph capture failed ({type(exc).__name__}: {str(exc).splitlines()[0][:200]})"
+            return
+        self.graphs = graphs
 
     def close(self) -> None:
         self.graphs = None

@@ -117,6 +117,15 @@ class Bnb8bitScheme(_BnbScheme):
     def name(self) -> str:
         return CHECKPOINT_SCHEME if self.prequantized else "bnb-int8"
 
+    @property
+    def cuda_graph_blocker(self) -> str | None:
+        """LLM.int8 with a threshold picks the outlier columns of each batch on the host
+        (bitsandbytes' ``outliers.any()``), which no CUDA graph can capture."""
+        if self.options.threshold > 0:
+            return (f"bitsandbytes int8 with outlier threshold {self.options.threshold:g} finds outlier columns "
+                    "on the host at every matmul (use bnb-int8:threshold=0 for CUDA graphs)")
+        return None
+
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         weight = layer.weight
         return runtime.call("bnb_int8_matmul", x.to(self.params_dtype), weight.data, weight.scb,
