@@ -26,10 +26,12 @@ FP16_FIELDS = {"Q4_0": (0,), "Q4_1": (0, 2), "Q5_0": (0,), "Q5_1": (0, 2), "Q8_0
                "Q2_K": (80, 82), "Q3_K": (108,), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,), "IQ4_XS": (0,)}
 # (BM, BN, BK, num_warps, split-K or None for automatic). COMPARE runs by default, SWEEP with --sweep.
 COMPARE = {"decode": [(1, 8, 256, 4, None), (1, 4, 1024, 4, 1)], "small": [(16, 32, 128, 4, None)],
+           "batch": [(16, 64, 128, 4, None), (32, 64, 128, 4, None), (64, 64, 64, 4, 1)],
            "prefill": [(128, 64, 64, 4, 1)]}
 SWEEP = {"decode": [(1, 16, 256, 4, 1), (1, 8, 1024, 8, 1), (1, 16, 512, 4, 1), (1, 8, 512, 4, 2),
                     (1, 16, 1024, 8, 1), (1, 8, 512, 8, None)],
          "small": [(16, 16, 256, 4, None), (16, 64, 64, 4, 1), (16, 32, 256, 8, 1), (16, 64, 128, 4, None)],
+         "batch": [(32, 128, 64, 8, 1), (64, 128, 64, 8, 1), (32, 32, 128, 4, None)],
          "prefill": [(128, 128, 64, 8, 1)]}
 
 
@@ -61,15 +63,15 @@ def variants(name: str, rows: int, cols: int, tokens: int, sweep: bool, copies: 
     out = {"triton": each(lambda data, dense: triton_ops.gguf_matmul(x, data, qtype, cols)),
            "reference": each(lambda data, dense: reference.gguf_matmul(x, data, qtype, cols)),
            "dense_bf16": each(lambda data, dense: x @ dense.T)}
-    regime = "decode" if tokens == 1 else "small" if tokens <= 16 else "prefill"
+    regime = "decode" if tokens == 1 else "small" if tokens <= 16 else "batch" if tokens <= 64 else "prefill"
     for bm, bn, bk, warps, split in COMPARE[regime] + (SWEEP[regime] if sweep else []):
         config = triton_ops.MatmulConfig(bm=bm, bn=bn, bk=bk, num_warps=warps)
         out[f"fused{bm}x{bn}x{bk}w{warps}s{split or 'auto'}"] = each(
             lambda data, dense, c=config, s=split: triton_ops.fused_matmul(x, data, qtype, cols, c, split=s))
-    if regime == "prefill":
+    if regime != "decode":
         out["triton_dequant+mm"] = each(lambda data, dense: x @ triton_ops.gguf_dequantize(data, qtype, cols,
                                                                                            x.dtype).T)
-    else:  # the element-wise tiles, to show what the word-wise ones buy
+    if regime in ("decode", "small"):  # the element-wise tiles, to show what the word-wise ones buy
         config = triton_ops.DECODE_CONFIG if tokens == 1 else triton_ops.SMALL_BATCH_CONFIG
         out["elementwise"] = each(lambda data, dense: triton_ops.fused_matmul(x, data, qtype, cols, config,
                                                                              words=False))
@@ -144,18 +146,34 @@ def dequant_report(name: str, rows: int, cols: int) -> None:
     print(f"| {name} | {rows}x{cols} | {fast:.1f} | {slow:.1f} | {slow / fast:.2f} | {gigabytes / fast * 1e6:.0f} |")
 
 
-def report(name: str, rows: int, cols: int, tokens: int, times: dict[str, float]) -> None:
+def copy_bandwidth() -> float:
+    """GB/s of a 1 GiB device-to-device copy, counting bytes read plus bytes written (the ceiling)."""
+    src = torch.randn(1 << 28, device="cuda")
+    dst = torch.empty_like(src)
+    from triton.testing import do_bench
+    ms = do_bench(lambda: dst.copy_(src), warmup=25, rep=200, return_mode="median")
+    return 2 * src.numel() * 4 / ms / 1e6
+
+
+def packed_bytes(name: str, rows: int, cols: int) -> int:
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+    size, nbytes = GGML_QUANT_SIZES[GGMLQuantizationType[name]]
+    return rows * cols // size * nbytes
+
+
+def report(name: str, rows: int, cols: int, tokens: int, times: dict[str, float], copy_gbs: float = 0.0) -> None:
     base = times["triton"]
+    gbs = packed_bytes(name, rows, cols) / base / 1e3
     others = "  ".join(f"{label}={us:.1f}us" for label, us in times.items()
                        if label not in ("triton", "reference", "dense_bf16"))
     print(f"| {name} | {rows}x{cols} | {tokens} | {base:.1f} | {times['reference']:.1f} | "
           f"{times['dense_bf16']:.1f} | {times['reference'] / base:.2f} | {times['dense_bf16'] / base:.2f} | "
-          f"{others} |", flush=True)
+          f"{gbs:.0f} | {100 * gbs / copy_gbs:.0f}% | {others} |", flush=True)
 
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--types", default="Q4_K,Q8_0,Q4_0,Q6_K")
+    parser.add_argument("--types", default="Q4_K,Q8_0,Q4_0,Q6_K,Q5_K")
     parser.add_argument("--shapes", default="4096x4096,14336x4096,4096x14336")
     parser.add_argument("--tokens", default="1,8,512")
     parser.add_argument("--sweep", action="store_true", help="also time alternative launch configs")
@@ -166,12 +184,14 @@ def main(argv=None) -> None:
             for rows, cols in shapes for tokens in args.tokens.split(",")]
     if not args.no_precompile:
         precompile(jobs)
-    print(f"device: {torch.cuda.get_device_name()}  torch {torch.__version__}")
+    copy_gbs = copy_bandwidth()
+    print(f"device: {torch.cuda.get_device_name()}  torch {torch.__version__}  "
+          f"device-to-device copy: {copy_gbs:.0f} GB/s (read + written)")
     print("| type | weight | T | triton us | reference us | dense bf16 us | reference/triton | dense/triton | "
-          "variants |")
-    print("|---|---|---|---|---|---|---|---|---|")
+          "triton GB/s (weights read) | of copy | variants |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for job in jobs:
-        report(*job[:4], measure(*job))
+        report(*job[:4], measure(*job), copy_gbs=copy_gbs)
     print("\n| type | weight | triton dequant us | reference dequant us | reference/triton | triton GB/s read+written |")
     print("|---|---|---|---|---|---|")
     for name in args.types.split(","):

@@ -72,7 +72,8 @@ def llama_batched_bench(build: Path, model: str, batches, input_len: int, output
 
 
 # ---- toolkit ------------------------------------------------------------------------------------
-def toolkit_worker(model: str, batches, input_len: int, output_len: int, prompt: int, out: str) -> None:
+def toolkit_worker(model: str, batches, input_len: int, output_len: int, prompt: int, out: str,
+                   device: str = "cuda") -> None:
     """Runs in its own process: load once, decode at each batch size, then time prefill."""
     import torch  # noqa: PLC0415
 
@@ -80,15 +81,17 @@ def toolkit_worker(model: str, batches, input_len: int, output_len: int, prompt:
     from toolkit.core.engine import benchmark  # noqa: PLC0415
 
     start = time.perf_counter()
-    llm = toolkit.LLM(model, device="cuda", max_num_seqs=max(batches), enable_prefix_caching=False)
+    llm = toolkit.LLM(model, device=device, max_num_seqs=max(batches), enable_prefix_caching=False)
     load_s = time.perf_counter() - start
     rows = benchmark.run(llm, list(batches), input_len, output_len)
     decode = {row["batch_size"]: row["batch_size"] * 1e3 / row["tpot_p50_ms"] for row in rows}
     benchmark.measure(llm, 1, prompt, 2, seed=99)                     # warm-up at the prefill shape
     ttft = [benchmark.measure(llm, 1, prompt, 1, seed=100 + i)["ttft_p50_ms"] for i in range(5)]
     result = {"load_s": load_s, "decode_tok_s": decode, "rows": rows, "prefill_ttft_ms": ttft,
-              "prefill_tok_s": prompt * 1e3 / statistics.median(ttft), "device": torch.cuda.get_device_name(),
-              "graphs": not llm.executor.runner.enforce_eager if hasattr(llm.executor.runner, "enforce_eager") else None}
+              "prefill_tok_s": prompt * 1e3 / statistics.median(ttft),
+              "device": torch.cuda.get_device_name() if device == "cuda" else device,
+              "cuda_graphs": llm.executor.runner.graphs is not None,
+              "graph_note": getattr(llm.executor.runner, "graph_note", None)}
     Path(out).write_text(json.dumps(result, indent=2))
 
 
@@ -96,7 +99,8 @@ def run_toolkit(model: str, args, scratch: Path) -> dict:
     out = scratch / (Path(model).name + ".toolkit.json")
     cmd = [sys.executable, __file__, "--worker", model, "--out", str(scratch),
            "--batch-sizes", ",".join(map(str, args.batches)), "--input-len", str(args.input_len),
-           "--output-len", str(args.output_len), "--prompt", str(args.prompt), "--worker-json", str(out)]
+           "--output-len", str(args.output_len), "--prompt", str(args.prompt), "--worker-json", str(out),
+           "--device", args.device]
     proc = subprocess.run(cmd, text=True, capture_output=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     if proc.returncode:
         return {"error": (proc.stdout + proc.stderr)[-3000:]}
@@ -108,7 +112,7 @@ def run_toolkit(model: str, args, scratch: Path) -> dict:
 # ---- table ----------------------------------------------------------------------------------------
 def _cell(ours, theirs) -> str:
     if ours is None or theirs is None:
-        return f"{theirs or '-'} / {ours or '-'}"
+        return " / ".join("-" if v is None else f"{v:,.0f}" for v in (theirs, ours))
     return f"{theirs:,.0f} / {ours:,.0f} = **{ours / theirs:.2f}x**"
 
 
@@ -143,12 +147,14 @@ def main() -> None:
     parser.add_argument("--output-len", type=int, default=128)
     parser.add_argument("--prompt", type=int, default=512, help="prefill length")
     parser.add_argument("--out", type=Path, default=Path("bench/results"))
+    parser.add_argument("--device", default="cuda")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--worker-json", help=argparse.SUPPRESS)
     args = parser.parse_args()
     args.batches = tuple(int(b) for b in args.batch_sizes.split(","))
     if args.worker:
-        toolkit_worker(args.worker, args.batches, args.input_len, args.output_len, args.prompt, args.worker_json)
+        toolkit_worker(args.worker, args.batches, args.input_len, args.output_len, args.prompt, args.worker_json,
+                       args.device)
         return
     args.out.mkdir(parents=True, exist_ok=True)
     results: dict = {}

@@ -26,6 +26,7 @@ import torch
 # shape; "1.5B" is hidden 2048 x 24 layers with a 32000 vocabulary, untied (1.6B parameters).
 SHAPES = {
     "tiny": (256, 768, 2, 4, 2, 1024),
+    "1.1B": (2048, 5632, 22, 32, 4, 32000),
     "1.5B": (2048, 8192, 24, 32, 8, 32000),
     "8B": (4096, 14336, 32, 32, 8, 128256),
 }

@@ -1,0 +1,49 @@
+"""Where a decode step's GPU time goes: torch.profiler over eager decode steps of the engine.
+
+Eager (no CUDA graph) so the profiler sees every kernel; the kernels are the ones the graphs
+replay. Prints the top kernels by GPU time per step and the number of kernels per step.
+
+    python bench/profile_decode.py MODEL.gguf --batch 1 --steps 8
+"""
+from __future__ import annotations
+
+import argparse
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("model")
+    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--top", type=int, default=15)
+    args = parser.parse_args()
+
+    import toolkit  # noqa: PLC0415
+    from toolkit.core.engine import benchmark  # noqa: PLC0415
+
+    llm = toolkit.LLM(args.model, device="cuda", max_num_seqs=args.batch, enable_prefix_caching=False,
+                      enforce_eager=True, kv_cache_memory="4GiB")
+    benchmark.measure(llm, args.batch, 128, 4)                      # warm-up: compile every kernel
+    prompts = benchmark.random_prompts(args.batch, 128, llm.config.vocab_size, 1)
+    params = toolkit.SamplingParams(max_tokens=args.steps + 1, temperature=0.0, ignore_eos=True)
+    for prompt in prompts:
+        llm.add_request(prompt, params)
+    llm.step()                                                      # prefill, outside the profile
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(args.steps):
+            llm.step()
+        torch.cuda.synchronize()
+    events = [e for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA]
+    total_us = sum(e.self_device_time_total for e in events) / args.steps
+    kernels = sum(e.count for e in events) / args.steps
+    print(f"{args.model} batch {args.batch}: {total_us / 1e3:.2f} ms of GPU kernels per step, {kernels:.0f} kernels/step")
+    for e in sorted(events, key=lambda e: -e.self_device_time_total)[:args.top]:
+        print(f"  {e.self_device_time_total / args.steps / 1e3:7.3f} ms  x{e.count / args.steps:5.0f}  {e.key[:110]}")
+
+
+if __name__ == "__main__":
+    main()
