@@ -19,6 +19,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--top", type=int, default=15)
+    parser.add_argument("--prefill", type=int, default=0, help="profile prefills of this many tokens instead")
     args = parser.parse_args()
 
     import toolkit  # noqa: PLC0415
@@ -27,6 +28,9 @@ def main() -> None:
     llm = toolkit.LLM(args.model, device="cuda", max_num_seqs=args.batch, enable_prefix_caching=False,
                       enforce_eager=True, kv_cache_memory="4GiB")
     benchmark.measure(llm, args.batch, 128, 4)                      # warm-up: compile every kernel
+    if args.prefill:
+        profile_prefill(llm, args)
+        return
     prompts = benchmark.random_prompts(args.batch, 128, llm.config.vocab_size, 1)
     params = toolkit.SamplingParams(max_tokens=args.steps + 1, temperature=0.0, ignore_eos=True)
     for prompt in prompts:
@@ -43,6 +47,38 @@ def main() -> None:
     print(f"{args.model} batch {args.batch}: {total_us / 1e3:.2f} ms of GPU kernels per step, {kernels:.0f} kernels/step")
     for e in sorted(events, key=lambda e: -e.self_device_time_total)[:args.top]:
         print(f"  {e.self_device_time_total / args.steps / 1e3:7.3f} ms  x{e.count / args.steps:5.0f}  {e.key[:110]}")
+
+
+def profile_prefill(llm, args) -> None:
+    """Host (cProfile) and device (torch.profiler) time of ``--steps`` prefills of one prompt."""
+    import cProfile  # noqa: PLC0415
+    import pstats  # noqa: PLC0415
+    import time  # noqa: PLC0415
+
+    from toolkit.core.engine import benchmark  # noqa: PLC0415
+
+    benchmark.measure(llm, 1, args.prefill, 1, seed=1)
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for i in range(args.steps):
+        benchmark.measure(llm, 1, args.prefill, 1, seed=2 + i)
+    torch.cuda.synchronize()
+    print(f"prefill {args.prefill}: {(time.perf_counter() - start) / args.steps * 1e3:.2f} ms per request (wall)")
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for i in range(args.steps):
+            benchmark.measure(llm, 1, args.prefill, 1, seed=50 + i)
+        torch.cuda.synchronize()
+    events = [e for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA]
+    print(f"GPU kernels: {sum(e.self_device_time_total for e in events) / args.steps / 1e3:.2f} ms per prefill, "
+          f"{sum(e.count for e in events) / args.steps:.0f} kernels")
+    for e in sorted(events, key=lambda e: -e.self_device_time_total)[:args.top]:
+        print(f"  {e.self_device_time_total / args.steps / 1e3:7.3f} ms  x{e.count / args.steps:5.0f}  {e.key[:100]}")
+    host = cProfile.Profile()
+    host.enable()
+    for i in range(args.steps):
+        benchmark.measure(llm, 1, args.prefill, 1, seed=100 + i)
+    host.disable()
+    pstats.Stats(host).sort_stats("tottime").print_stats(args.top)
 
 
 if __name__ == "__main__":

@@ -65,12 +65,17 @@ def matmul_kernel(x_ptr, w_ptr, out_ptr, table_ptr, T, N, K_SPLIT, row_bytes, st
     x_mask = offs_m[:, None] < T
     k_start = pid_k * K_SPLIT
     if BM == 1:
-        acc_wide = tl.zeros((BN, BK), dtype=tl.float32)
-        for k_step in range(0, K_SPLIT, BK):
+        # Accumulate in the tile's own (packed, multi-dimensional) shape and reshape once at the
+        # end: a reshape inside the loop moved the whole [BN, BK] float32 product through shared
+        # memory on every step, which bounded the kernel rather than the weight bytes.
+        w, x = _weights_and_x(w_ptr, row_off, k_start, table_ptr, x_rows, x_mask,
+                              QTYPE, TS, BLOCK, SUB, WORDS, BM, BN, BK)
+        acc_tile = w * x.to(tl.float32)
+        for k_step in range(BK, K_SPLIT, BK):
             w, x = _weights_and_x(w_ptr, row_off, k_start + k_step, table_ptr, x_rows, x_mask,
                                   QTYPE, TS, BLOCK, SUB, WORDS, BM, BN, BK)
-            acc_wide += tl.reshape(w * x.to(tl.float32), (BN, BK))
-        acc = tl.sum(acc_wide, axis=1)[None, :]
+            acc_tile += w * x.to(tl.float32)
+        acc = tl.sum(tl.reshape(acc_tile, (BN, BK)), axis=1)[None, :]
     else:
         acc = tl.zeros((BM, BN), dtype=tl.float32)
         for k_step in range(0, K_SPLIT, BK):
