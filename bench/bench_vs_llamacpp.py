@@ -57,7 +57,7 @@ def llama_bench(build: Path, model: str, prompt: int, gen: int) -> dict:
 
 
 def llama_batched_bench(build: Path, model: str, batches, input_len: int, output_len: int) -> dict:
-    ctx = max(batches) * (input_len + output_len) + 256
+    ctx = max(batches) * (input_len + output_len + 256)   # every sequence's own KV stream, with room
     cmd = [str(_binary(build, "llama-batched-bench")), "-m", model, "-c", str(ctx), "-b", "2048", "-ub", "512",
            "-npp", str(input_len), "-ntg", str(output_len), "-npl", ",".join(map(str, batches)), "-fa", "on",
            "-ngl", "99", "--output-format", "jsonl"]
