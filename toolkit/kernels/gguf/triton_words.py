@@ -8,7 +8,7 @@ shift, a mask and the 2**23 trick (ALU only), and keeps the fields in its own re
 (``tl.join`` adds a register-minor dimension). Scales are read once per (row, sub-block).
 
 Each tile returns ``(w, x)``: weights ``[BN, *S]`` in the packed (field-minor) order and the
-matching activations ``[BM, *S]``, gathered field by field in the same order. A
+matching activations ``[BM, *S]``, loaded in natural order and permuted to the same order. A
 dot product does not depend on the order of its terms, so both reshape to ``[*, BK]``.
 Values equal ggml's float32 formula (up to a fused multiply-add).
 """
@@ -51,11 +51,8 @@ def _join4(v0, v1, v2, v3):
 
 
 @triton.jit
-def _x_at(x_rows, x_mask, cols):
-    """Activations at columns ``cols`` of each row: loaded field by field and joined in the same
-    nesting as the weight fields, so both share one register layout. (Loading x in natural order
-    and permuting it cost a shared-memory round trip on every step of the decode loop.)"""
-    return tl.load(x_rows + cols, mask=x_mask, other=0.0)
+def _x_natural(x_rows, x_mask, k0, BM: tl.constexpr, BK: tl.constexpr):
+    return tl.load(x_rows + k0 + tl.arange(0, BK)[None, :], mask=x_mask, other=0.0)        # [BM, BK]
 
 
 @triton.jit
@@ -69,9 +66,7 @@ def q8_0_tile(w_ptr, row_off, k0, x_rows, x_mask, TS: tl.constexpr, BM: tl.const
     words = _u16(block + 2, tl.arange(0, 16)[None, None, :])                         # [BN, G, 16]
     low = (exact_float((words & 255) ^ 128) - 128.0) * d                            # int8 as offset binary
     high = (exact_float((words >> 8) ^ 128) - 128.0) * d
-    xr, xm = x_rows[:, :, None] + k0, x_mask[:, :, None]                              # [BM, 1, 1]
-    col = 32 * g + 2 * tl.arange(0, 16)[None, None, :]
-    x = tl.join(_x_at(xr, xm, col), _x_at(xr, xm, col + 1))
+    x = tl.reshape(_x_natural(x_rows, x_mask, k0, BM, BK), (BM, G, 16, 2))
     return tl.join(low, high), x
 
 
@@ -117,10 +112,8 @@ def nibble32_tile(w_ptr, row_off, k0, x_rows, x_mask, table_ptr, QTYPE: tl.const
             v = dd * v + half_bits(_u16(block + 2, 0))[:, :, :, None, None]
         else:
             v = dd * v + half_bits(_u16(block + 2, 0))[:, :, :, None, None]
-    xr, xm = x_rows[:, :, None] + k0, x_mask[:, :, None]
-    col = 32 * g + 2 * w
-    x = _join4(_x_at(xr, xm, col), _x_at(xr, xm, col + 1), _x_at(xr, xm, col + 16), _x_at(xr, xm, col + 17))
-    return v, x
+    x = tl.reshape(_x_natural(x_rows, x_mask, k0, BM, BK), (BM, G, 2, 8, 2))            # [m, g, high, w, b]
+    return v, tl.permute(x, (0, 1, 3, 4, 2))
 
 
 @triton.jit
@@ -174,12 +167,8 @@ def q45k_tile(w_ptr, row_off, k0, x_rows, x_mask, QTYPE: tl.constexpr, TS: tl.co
                        _q45k_field(words, qh, 20, 2 * g + 17, dl1, ml1, QTYPE),
                        _q45k_field(words, qh, 24, 2 * g + 24, dl0, ml0, QTYPE),
                        _q45k_field(words, qh, 28, 2 * g + 25, dl1, ml1, QTYPE)))
-    xr, xm = x_rows[:, :, None] + k0, x_mask[:, :, None]
-    col = 64 * tl.arange(0, G)[None, :, None] + 4 * w          # element 64g + 32h + 4w + b of the tile
-    x = tl.join(_join4(_x_at(xr, xm, col), _x_at(xr, xm, col + 32), _x_at(xr, xm, col + 1), _x_at(xr, xm, col + 33)),
-                _join4(_x_at(xr, xm, col + 2), _x_at(xr, xm, col + 34), _x_at(xr, xm, col + 3),
-                       _x_at(xr, xm, col + 35)))
-    return v, x
+    x = tl.reshape(_x_natural(x_rows, x_mask, k0, BM, BK), (BM, G, 2, 8, 2, 2))         # [m, g, h, w, b1, b0]
+    return v, tl.permute(x, (0, 1, 3, 2, 5, 4))
 
 
 @triton.jit
@@ -208,7 +197,5 @@ def q6k_tile(w_ptr, row_off, k0, x_rows, x_mask, TS: tl.constexpr, BM: tl.conste
     hs = 2 * (w // 16)
     v = _join4(_q6k_field(low, high, 0, hs, dl0), _q6k_field(low, high, 8, hs + 8, dl0),
                _q6k_field(low, high, 4, hs + 4, dl1), _q6k_field(low, high, 12, hs + 12, dl1))
-    xr, xm = x_rows[:, :, None, None] + k0, x_mask[:, :, None, None]
-    col = 128 * tl.arange(0, G)[None, :, None, None] + 2 * w     # element 64n + 2w + b of the tile's half
-    x = _join4(_x_at(xr, xm, col), _x_at(xr, xm, col + 1), _x_at(xr, xm, col + 64), _x_at(xr, xm, col + 65))
-    return v, x
+    x = tl.reshape(_x_natural(x_rows, x_mask, k0, BM, BK), (BM, G, 2, 4, 8, 2))         # [m, g, n, w1, w2, b]
+    return v, tl.permute(x, (0, 1, 3, 4, 5, 2))
