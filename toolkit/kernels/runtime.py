@@ -27,6 +27,9 @@ class OpImpl:
 
 
 _OPS: dict[str, list[OpImpl]] = {}
+# (op, device) -> candidates, best first; rebuilt on every register (an eager forward resolves
+# hundreds of ops per step, so the filtering is done once, not per call)
+_CANDIDATES: dict[tuple[str, str], list[OpImpl]] = {}
 
 
 def register(op_name: str, fn: Callable, device: str = "any", priority: int = 0, owner: str = "(direct)") -> None:
@@ -34,6 +37,7 @@ def register(op_name: str, fn: Callable, device: str = "any", priority: int = 0,
     impls = _OPS.setdefault(op_name, [])
     impls.append(OpImpl(op_name, fn, device, priority, owner))
     impls.sort(key=lambda impl: (impl.device == "any", -impl.priority))
+    _CANDIDATES.clear()
 
 
 def install(entries) -> None:
@@ -51,11 +55,15 @@ def _device_of(args) -> str:
 
 
 def candidates(op_name: str, device: str) -> list[OpImpl]:
+    found = _CANDIDATES.get((op_name, device))
+    if found is not None:
+        return found
     if op_name not in _OPS:
         _ensure_registry()
     if op_name not in _OPS:
         raise UnknownNameError("kernel op", op_name, list(_OPS))
-    return [impl for impl in _OPS[op_name] if impl.device in (device, "any")]
+    found = _CANDIDATES[(op_name, device)] = [impl for impl in _OPS[op_name] if impl.device in (device, "any")]
+    return found
 
 
 def resolve(op_name: str, *args, **kwargs) -> Callable:

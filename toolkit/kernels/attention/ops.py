@@ -21,10 +21,9 @@ def _launch_config(group: int, head_dim: int, max_query_len: int) -> dict:
                 num_warps=4 if block_d <= 128 else 8)
 
 
-@torch.library.custom_op("toolkit::paged_attention", mutates_args=())
-def paged_attention_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, query_start_loc: torch.Tensor,
-                       seq_lens: torch.Tensor, block_tables: torch.Tensor, max_query_len: int, scale: float,
-                       sliding_window: int, softcap: float) -> torch.Tensor:
+def _paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, query_start_loc: torch.Tensor,
+                     seq_lens: torch.Tensor, block_tables: torch.Tensor, max_query_len: int, scale: float,
+                     sliding_window: int, softcap: float) -> torch.Tensor:
     """q [T, H, D] attends over each sequence's paged KV; ``sliding_window``/``softcap`` 0 mean off."""
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     num_seqs, (_, num_heads, head_dim) = seq_lens.shape[0], q.shape
@@ -41,14 +40,16 @@ def paged_attention_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Te
     return out
 
 
+paged_attention_op = torch.library.custom_op("toolkit::paged_attention", mutates_args=())(_paged_attention)
+
+
 @paged_attention_op.register_fake
 def _(q, k_cache, v_cache, query_start_loc, seq_lens, block_tables, max_query_len, scale, sliding_window, softcap):
     return torch.empty_like(q)
 
 
-@torch.library.custom_op("toolkit::store_kv", mutates_args=("k_cache", "v_cache"))
-def store_kv_op(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                slot_mapping: torch.Tensor) -> None:
+def _store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+              slot_mapping: torch.Tensor) -> None:
     """Write k/v [T, KVH, D] into the caches at ``slot_mapping`` (negative slots are skipped)."""
     tokens, num_kv_heads, head_dim = k.shape
     if tokens == 0:
@@ -61,16 +62,21 @@ def store_kv_op(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache
         PAGE=k_cache.shape[1])
 
 
+store_kv_op = torch.library.custom_op("toolkit::store_kv", mutates_args=("k_cache", "v_cache"))(_store_kv)
+
+
 @store_kv_op.register_fake
 def _(k, v, k_cache, v_cache, slot_mapping):
     return None
 
 
 # ---- what the kernel runtime calls (same signatures as the references) ---------------------------
+# Outside torch.compile the wrappers launch the kernels directly: the custom-op dispatcher costs
+# ~0.1-0.2 ms of host time per call, which an eager prefill (one call per layer) pays in full.
 def paged_attention(q, k_cache, v_cache, attn, scale: float, sliding_window=None, softcap=None) -> torch.Tensor:
-    return torch.ops.toolkit.paged_attention(q, k_cache, v_cache, attn.query_start_loc, attn.seq_lens,
-                                             attn.block_tables, int(attn.max_query_len), float(scale),
-                                             int(sliding_window or 0), float(softcap or 0.0))
+    op = torch.ops.toolkit.paged_attention if torch.compiler.is_compiling() else _paged_attention
+    return op(q, k_cache, v_cache, attn.query_start_loc, attn.seq_lens, attn.block_tables, int(attn.max_query_len),
+              float(scale), int(sliding_window or 0), float(softcap or 0.0))
 
 
 def _paged_attention_supports(q, k_cache, v_cache, attn, *args, **kwargs) -> bool:
@@ -83,7 +89,8 @@ paged_attention.supports = _paged_attention_supports
 
 
 def store_kv(k, v, k_cache, v_cache, slot_mapping) -> None:
-    torch.ops.toolkit.store_kv(k, v, k_cache, v_cache, slot_mapping)
+    op = torch.ops.toolkit.store_kv if torch.compiler.is_compiling() else _store_kv
+    op(k, v, k_cache, v_cache, slot_mapping)
 
 
 def _store_kv_supports(k, v, k_cache, v_cache, slot_mapping) -> bool:
