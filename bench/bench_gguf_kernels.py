@@ -71,10 +71,6 @@ def variants(name: str, rows: int, cols: int, tokens: int, sweep: bool, copies: 
     if regime != "decode":
         out["triton_dequant+mm"] = each(lambda data, dense: x @ triton_ops.gguf_dequantize(data, qtype, cols,
                                                                                            x.dtype).T)
-    if regime == "decode":  # the decode kernel as it was before it accumulated in the tile's shape
-        old = triton_ops.MatmulConfig(**{**vars(triton_ops.DECODE_CONFIG_BY_TYPE.get(name, triton_ops.DECODE_CONFIG)),
-                                         "acc_tile": False})
-        out["decode_reshape_each_step"] = each(lambda data, dense: triton_ops.fused_matmul(x, data, qtype, cols, old))
     if regime in ("decode", "small"):  # the element-wise tiles, to show what the word-wise ones buy
         config = triton_ops.DECODE_CONFIG if tokens == 1 else triton_ops.SMALL_BATCH_CONFIG
         out["elementwise"] = each(lambda data, dense: triton_ops.fused_matmul(x, data, qtype, cols, config,

@@ -56,8 +56,7 @@ def _weights_and_x(w_ptr, row_off, k0, table_ptr, x_rows, x_mask, QTYPE: tl.cons
 @triton.jit
 def matmul_kernel(x_ptr, w_ptr, out_ptr, table_ptr, T, N, K_SPLIT, row_bytes, stride_x,
                   QTYPE: tl.constexpr, TS: tl.constexpr, BLOCK: tl.constexpr, SUB: tl.constexpr,
-                  WORDS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-                  ACC_TILE: tl.constexpr = True):
+                  WORDS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
     pid_n, pid_m, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     offs_n = pid_n * BN + tl.arange(0, BN)
     row_off = tl.minimum(offs_n, N - 1).to(tl.int64) * row_bytes
@@ -65,25 +64,13 @@ def matmul_kernel(x_ptr, w_ptr, out_ptr, table_ptr, T, N, K_SPLIT, row_bytes, st
     x_rows = x_ptr + offs_m[:, None] * stride_x
     x_mask = offs_m[:, None] < T
     k_start = pid_k * K_SPLIT
-    if BM == 1 and not ACC_TILE:  # the earlier form, kept to measure against (bench_gguf_kernels)
+    if BM == 1:
         acc_wide = tl.zeros((BN, BK), dtype=tl.float32)
         for k_step in range(0, K_SPLIT, BK):
             w, x = _weights_and_x(w_ptr, row_off, k_start + k_step, table_ptr, x_rows, x_mask,
                                   QTYPE, TS, BLOCK, SUB, WORDS, BM, BN, BK)
             acc_wide += tl.reshape(w * x.to(tl.float32), (BN, BK))
         acc = tl.sum(acc_wide, axis=1)[None, :]
-    elif BM == 1:
-        # Accumulate in the tile's own (packed, multi-dimensional) shape and reshape once at the
-        # end: a reshape inside the loop moved the whole [BN, BK] float32 product through shared
-        # memory on every step, which bounded the kernel rather than the weight bytes.
-        w, x = _weights_and_x(w_ptr, row_off, k_start, table_ptr, x_rows, x_mask,
-                              QTYPE, TS, BLOCK, SUB, WORDS, BM, BN, BK)
-        acc_tile = w * x.to(tl.float32)
-        for k_step in range(BK, K_SPLIT, BK):
-            w, x = _weights_and_x(w_ptr, row_off, k_start + k_step, table_ptr, x_rows, x_mask,
-                                  QTYPE, TS, BLOCK, SUB, WORDS, BM, BN, BK)
-            acc_tile += w * x.to(tl.float32)
-        acc = tl.sum(tl.reshape(acc_tile, (BN, BK)), axis=1)[None, :]
     else:
         acc = tl.zeros((BM, BN), dtype=tl.float32)
         for k_step in range(0, K_SPLIT, BK):

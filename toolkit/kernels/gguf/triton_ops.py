@@ -43,7 +43,6 @@ class MatmulConfig:
     bk: int
     num_warps: int = 4
     num_stages: int = 2
-    acc_tile: bool = True      # decode: accumulate in the tile's shape (False: the earlier per-step reshape)
 
 
 # Chosen from bench/bench_gguf_kernels.py --sweep (CUDA-graph timing, weights beyond L2) on an
@@ -139,7 +138,7 @@ def fused_matmul(x: torch.Tensor, data: torch.Tensor, qtype: int, cols: int, con
     matmul_kernel[(*grid_nm, split)](
         x, data, out, _codebook(x.device), tokens, rows, cols // split, data.stride(0), x.stride(0),
         BM=config.bm, BN=config.bn, BK=bk, num_warps=config.num_warps, num_stages=config.num_stages,
-        WORDS=words, ACC_TILE=config.acc_tile, **_type_args(qtype))
+        WORDS=words, **_type_args(qtype))
     return out[0] if split == 1 else out.sum(0).to(x.dtype)
 
 
