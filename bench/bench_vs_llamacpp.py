@@ -46,7 +46,7 @@ def llama_bench(build: Path, model: str, prompt: int, gen: int) -> dict:
     cmd = [str(_binary(build, "llama-bench")), "-m", model, "-fa", "1", "-p", str(prompt), "-n", str(gen),
            "-ngl", "99", "-o", "json"]
     out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
-    rows = json.loads(out)
+    rows = json.loads(out[out.index("["):out.rindex("]") + 1])      # the JSON array, whatever surrounds it
     result = {"command": " ".join(cmd)}
     for row in rows:
         if row["n_prompt"] and not row["n_gen"]:

@@ -1,0 +1,59 @@
+"""bench/bench_vs_llamacpp.py reads llama.cpp's own output formats (llama-bench's JSON array,
+llama-batched-bench's JSONL, in the field names of the vendored 0.3.36 source) and builds the
+ratio table. The binaries themselves run only on the device; here their output is replayed."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+PATH = Path(__file__).resolve().parents[1] / "bench" / "bench_vs_llamacpp.py"
+
+
+@pytest.fixture()
+def bench(tmp_path, monkeypatch):
+    spec = importlib.util.spec_from_file_location("bench_vs_llamacpp", PATH)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    (tmp_path / "bin").mkdir()
+    for name in ("llama-bench", "llama-batched-bench"):
+        (tmp_path / "bin" / name).touch()
+    calls = []
+
+    def fake_run(cmd, **kwargs):
+        calls.append(cmd)
+        if cmd[0].endswith("llama-bench"):
+            rows = [{"n_prompt": 512, "n_gen": 0, "avg_ts": 40000.5}, {"n_prompt": 0, "n_gen": 128, "avg_ts": 990.0}]
+            return subprocess.CompletedProcess(cmd, 0, "ggml_cuda_init: 1 device\n" + json.dumps(rows), "")
+        lines = [json.dumps({"pp": 128, "tg": 128, "pl": pl, "speed_tg": speed, "speed_pp": 1.0})
+                 for pl, speed in ((1, 950.0), (8, 4500.0))]
+        return subprocess.CompletedProcess(cmd, 0, "", "log line\n" + "\n".join(lines) + "\n")
+
+    monkeypatch.setattr(module.subprocess, "run", fake_run)
+    return module, tmp_path, calls
+
+
+def test_llama_cpp_outputs_are_parsed_and_the_flags_are_the_issues(bench):
+    module, build, calls = bench
+    single = module.llama_bench(build, "m.gguf", 512, 128)
+    batched = module.llama_batched_bench(build, "m.gguf", (1, 8), 128, 128)
+    assert single["prefill_tok_s"] == 40000.5 and single["decode_b1_tok_s"] == 990.0
+    assert batched["decode_tok_s"] == {1: 950.0, 8: 4500.0}
+    assert calls[0][1:] == ["-m", "m.gguf", "-fa", "1", "-p", "512", "-n", "128", "-ngl", "99", "-o", "json"]
+    flags = dict(zip(calls[1][1::2], calls[1][2::2]))
+    assert flags["-npp"] == "128" and flags["-ntg"] == "128" and flags["-npl"] == "1,8" and flags["-fa"] == "on"
+    assert int(flags["-c"]) >= 8 * 256  # every sequence's prompt and generation fit
+
+
+def test_table_takes_llama_cpps_better_batch_one_figure_and_divides(bench):
+    module, _, _ = bench
+    results = {"m.gguf": {"toolkit": {"decode_tok_s": {1: 500.0, 8: 9000.0}, "prefill_tok_s": 20000.0, "load_s": 1.0},
+                          "llamacpp": {"decode_b1_tok_s": 1000.0, "decode_tok_s": {1: 950.0, 8: 4500.0},
+                                       "prefill_tok_s": 40000.0}}}
+    table = module.table(results, (1, 8))
+    assert "1,000 / 500 = **0.50x**" in table          # max(llama-bench tg, batched B=1)
+    assert "4,500 / 9,000 = **2.00x**" in table
+    assert "40,000 / 20,000 = **0.50x**" in table
