@@ -105,8 +105,9 @@ class MoEDecoderLayer(nn.Module):
         self.mlp = block(config, quant=quant, parallel=parallel, prefix=f"{prefix}.mlp")
 
     def forward(self, positions, hidden, attn):
-        hidden = hidden + self.self_attn(positions, self.input_layernorm(hidden), attn)
-        return hidden + self.mlp(self.post_attention_layernorm(hidden))
+        attended = self.self_attn(positions, self.input_layernorm(hidden), attn)
+        normed, hidden = self.post_attention_layernorm.forward_add(attended, hidden)  # residual add + norm: one op
+        return hidden + self.mlp(normed)
 
 
 # ---- Hugging Face names ---------------------------------------------------------------------------
