@@ -24,7 +24,7 @@ from .executor import LocalExecutor, ParallelExecutor
 from .kv_cache import parse_memory
 from .model_runner import RunnerConfig, StepInput
 from .outputs import Detokenizer, RequestOutput, check_stop_token
-from .sampler import Sampler, SamplingRow
+from .sampler import Sampler, SamplingRow, prompt_logprobs
 from .sampling_params import SamplingParams
 from .scheduler import RequestTooLargeError, Scheduler, SchedulerOutput
 from .sequence import Sequence
@@ -130,8 +130,12 @@ class LLM:
         scheduled = self.scheduler.schedule()
         if scheduled.is_empty:
             return []
-        logits = self.executor.execute(self._step_input(scheduled))
+        step_input = self._step_input(scheduled)
+        logits = self.executor.execute(step_input)
         sampling = [item.seq for item in scheduled.scheduled if item.samples]
+        if step_input.all_logits_rows:
+            self._record_prompt_logprobs(scheduled, step_input, logits[len(sampling):])
+            logits = logits[:len(sampling)]
         result = self.sampler(logits, [self._sampling_row(seq) for seq in sampling])
         tokens = iter(result.token_ids)
         self.scheduler.update(scheduled, [next(tokens) if item.samples else None for item in scheduled.scheduled])
@@ -228,7 +232,22 @@ class LLM:
             token_ids=[t for i in items for t in i.seq.token_ids[i.start:i.start + i.num_new_tokens]],
             query_lens=[i.num_new_tokens for i in items], starts=[i.start for i in items],
             block_tables=[i.seq.block_table for i in items],
-            sample_rows=[row for row, i in enumerate(items) if i.samples])
+            sample_rows=[row for row, i in enumerate(items) if i.samples],
+            all_logits_rows=[row for row, i in enumerate(items) if i.seq.wants_prompt_logprobs])
+
+    @staticmethod
+    def _record_prompt_logprobs(scheduled: SchedulerOutput, step_input: StepInput, logits: torch.Tensor) -> None:
+        """Score each chunk's prompt tokens with the logits of the positions before them."""
+        offset = 0
+        for row in step_input.all_logits_rows:
+            item = scheduled.scheduled[row]
+            seq, chunk = item.seq, logits[offset:offset + item.num_new_tokens]
+            offset += item.num_new_tokens
+            first = len(seq.prompt_logprobs)  # the next prompt token without an entry
+            targets = seq.prompt_token_ids[first:item.start + item.num_new_tokens + 1]
+            if targets and first >= item.start + 1:  # chunks arrive in order; anything else is a recompute
+                seq.prompt_logprobs += prompt_logprobs(chunk[first - 1 - item.start:], targets,
+                                                       seq.params.prompt_logprobs)
 
     def _sampling_row(self, seq: Sequence) -> SamplingRow:
         if seq.params.seed is not None and seq.generator is None:
@@ -262,6 +281,7 @@ class LLM:
             text=seq.text, token_ids=seq.output_token_ids, finished=finished, finish_reason=seq.finish_reason,
             stop_reason=seq.stop_reason, new_text=new_text, new_token_ids=seq.token_ids[-1:],
             logprobs=list(seq.logprobs) if seq.params.logprobs is not None else None,
+            prompt_logprobs=list(seq.prompt_logprobs) if seq.params.prompt_logprobs is not None else None,
             num_cached_tokens=seq.num_cached_tokens, metrics=metrics)
 
 

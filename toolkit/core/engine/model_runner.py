@@ -6,8 +6,9 @@ tensor parallelism the same step runs on every rank from the parent's descriptio
 """
 from __future__ import annotations
 
+import itertools
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -36,6 +37,8 @@ class StepInput:
     :param starts: tokens already in the cache per sequence (position of its first new token)
     :param block_tables: KV block ids per sequence
     :param sample_rows: sequences whose last new token's logits are returned, in this order
+    :param all_logits_rows: sequences whose every new token's logits are returned too, after the
+        sample rows' (in this order, each sequence's tokens in order); for prompt log-probabilities
     """
 
     token_ids: list[int]
@@ -43,6 +46,7 @@ class StepInput:
     starts: list[int]
     block_tables: list[list[int]]
     sample_rows: list[int]
+    all_logits_rows: list[int] = field(default_factory=list)
 
     @property
     def is_decode(self) -> bool:
@@ -136,17 +140,25 @@ class ModelRunner:
     # ---- one step ---------------------------------------------------------------------------
     @torch.inference_mode()
     def execute(self, step: StepInput, graphs: bool = True) -> torch.Tensor:
-        """Logits [len(step.sample_rows), vocab] for the last new token of each sampling sequence."""
+        """Logits [len(step.sample_rows), vocab] for the last new token of each sampling sequence,
+        followed by those of every new token of each ``step.all_logits_rows`` sequence."""
         if not kv_cache.is_bound(self.layers, self.caches):  # another engine on this model bound its own
             kv_cache.bind(self.layers, self.caches)
-        if graphs and self.graphs is not None and self.graphs.can_run(step):
+        if graphs and self.graphs is not None and not step.all_logits_rows and self.graphs.can_run(step):
             logits = self.graphs.run(step)
         else:
             input_ids, positions, attn = self.prepare(step)
             hidden = self.model(input_ids, positions, attn)
-            last = attn.query_start_loc[1:].long() - 1
-            logits = self.model.compute_logits(hidden[last[self._tensor(step.sample_rows)]])
+            logits = self.model.compute_logits(hidden[self._logits_positions(step)])
         return logits
+
+    def _logits_positions(self, step: StepInput) -> torch.Tensor:
+        """Flat token positions whose logits ``execute`` returns, in its order."""
+        ends = list(itertools.accumulate(step.query_lens))
+        rows = [ends[row] - 1 for row in step.sample_rows]
+        for row in step.all_logits_rows:
+            rows.extend(range(ends[row] - step.query_lens[row], ends[row]))
+        return self._tensor(rows)
 
     def prepare(self, step: StepInput) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
         """Flat input ids and positions, and the metadata that tells attention where KV lives."""

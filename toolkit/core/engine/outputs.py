@@ -26,6 +26,7 @@ class RequestOutput:
     new_text: str = ""
     new_token_ids: list[int] = field(default_factory=list)
     logprobs: list[dict[int, float]] | None = None
+    prompt_logprobs: list[dict[int, float] | None] | None = None  # first entry None (nothing precedes it)
     num_cached_tokens: int = 0              # prompt tokens served from the prefix cache
     metrics: dict[str, float] = field(default_factory=dict)
 

@@ -89,6 +89,22 @@ def draw(probs: torch.Tensor, generators: list[torch.Generator | None],
     return (probs / noise).argmax(-1)
 
 
+def prompt_logprobs(logits: torch.Tensor, next_token_ids: list[int], top_n: int) -> list[dict[int, float]]:
+    """Log-probability entries of known tokens: row ``i`` of ``logits`` scored against ``next_token_ids[i]``.
+
+    Each entry maps token id -> log-probability (of the raw distribution) for the given token and
+    the ``top_n`` most likely ones, like the sampled tokens' entries.
+    """
+    raw = logits[:len(next_token_ids)].float().log_softmax(-1)
+    targets = torch.tensor(next_token_ids, dtype=torch.long, device=raw.device)
+    chosen = raw.gather(1, targets.unsqueeze(1)).squeeze(1).tolist()
+    top_values, top_ids = raw.topk(top_n, dim=-1) if top_n else (raw[:, :0], targets[:, None][:, :0])
+    entries = [dict(zip(ids, values)) for ids, values in zip(top_ids.tolist(), top_values.tolist())]
+    for entry, token_id, value in zip(entries, next_token_ids, chosen):
+        entry[token_id] = value
+    return entries
+
+
 class Sampler:
     """Samples on ``device``; requests without a seed share one generator seeded with ``seed``."""
 

@@ -24,6 +24,9 @@ class SamplingParams:
     :param logprobs: also return the log-probabilities of the sampled token and this many top ones
         (of the model's raw distribution, before penalties and temperature)
     :param skip_special_tokens: drop special tokens when decoding text
+    :param prompt_logprobs: also return, for every prompt token after the first, its log-probability
+        given the tokens before it and this many top ones (for scoring, e.g. loglikelihood evals);
+        such a request computes its whole prompt, skipping the prefix cache, whose tokens have no logits
     """
 
     max_tokens: int = 16
@@ -40,6 +43,7 @@ class SamplingParams:
     ignore_eos: bool = False
     logprobs: int | None = None
     skip_special_tokens: bool = True
+    prompt_logprobs: int | None = None
 
     def __post_init__(self):
         if isinstance(self.stop, str):
@@ -50,7 +54,8 @@ class SamplingParams:
                   (0 < self.top_p <= 1, "top_p must be in (0, 1]"),
                   (0 <= self.min_p <= 1, "min_p must be in [0, 1]"),
                   (self.repetition_penalty > 0, "repetition_penalty must be > 0"),
-                  (self.logprobs is None or self.logprobs >= 0, "logprobs must be >= 0"))
+                  (self.logprobs is None or self.logprobs >= 0, "logprobs must be >= 0"),
+                  (self.prompt_logprobs is None or self.prompt_logprobs >= 0, "prompt_logprobs must be >= 0"))
         for ok, message in checks:
             if not ok:
                 raise ValueError(f"{message} (got {self})")

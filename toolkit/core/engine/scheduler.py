@@ -109,7 +109,8 @@ class Scheduler:
     def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> None:
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
-            hits = self.block_manager.lookup_prefix(seq)
+            # cached prefix tokens are never run through the model, so they would have no prompt logprobs
+            hits = [] if seq.wants_prompt_logprobs else self.block_manager.lookup_prefix(seq)
             num_new = min(len(seq) - len(hits) * seq.block_size, budget)
             if not self.block_manager.can_allocate(seq, num_new, hits):
                 break

@@ -38,6 +38,7 @@ class Sequence:
         self.arrival_time = time.perf_counter()
         self.first_token_time: float | None = None
         self.logprobs: list[dict] = []
+        self.prompt_logprobs: list[dict | None] = [None]  # entry i: prompt token i given tokens < i
         self.generator = None  # torch.Generator of a seeded request, made on the logits' device
         self.text = ""
 
@@ -60,6 +61,11 @@ class Sequence:
     @property
     def is_finished(self) -> bool:
         return self.status == SequenceStatus.FINISHED
+
+    @property
+    def wants_prompt_logprobs(self) -> bool:
+        """Prompt log-probabilities were asked for and some are still missing."""
+        return self.params.prompt_logprobs is not None and len(self.prompt_logprobs) < self.num_prompt_tokens
 
     def append_token(self, token_id: int) -> None:
         self.token_ids.append(token_id)
