@@ -19,8 +19,8 @@ from .cli_load import current_registry, load_command
 from . import threads
 from .errors import PluginConflictError, ToolkitError
 
-# Core modules that add commands with ``register(app)``; either may be absent in a given build.
-CORE_COMMAND_MODULES = ("toolkit.core.engine.commands", "toolkit.core.convert_cli")
+# Core modules that add commands with ``register(app)``; any may be absent in a given build.
+CORE_COMMAND_MODULES = ("toolkit.core.engine.commands", "toolkit.core.convert_cli", "toolkit.core.serve.commands")
 
 
 def command_names(app: typer.Typer) -> list[str]:

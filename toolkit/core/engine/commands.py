@@ -20,6 +20,12 @@ DtypeOpt = Annotated[Optional[str], typer.Option(help="fp32, fp16 or bf16 (defau
 DeviceOpt = Annotated[Optional[str], typer.Option(help="cpu, cuda, cuda:1 ... (default: cuda if available).")]
 TpOpt = Annotated[int, typer.Option(min=1, help="Tensor-parallel size.")]
 KvOpt = Annotated[Optional[str], typer.Option("--kv-cache-memory", help="KV cache size, e.g. 2GiB (default: fit).")]
+MaxNumSeqsOpt = Annotated[int, typer.Option("--max-num-seqs", min=1, help="Most requests running at once.")]
+MaxBatchedTokensOpt = Annotated[int, typer.Option("--max-num-batched-tokens", min=1,
+                                                  help="Token budget of one step (long prompts prefill in chunks).")]
+MaxModelLenOpt = Annotated[Optional[int], typer.Option("--max-model-len", min=2,
+                                                       help="Longest sequence (default: the model's).")]
+EnforceEagerOpt = Annotated[bool, typer.Option("--enforce-eager", help="No CUDA graphs for decode steps.")]
 MaxTokensOpt = Annotated[int, typer.Option("--max-tokens", min=1, help="Most new tokens per prompt.")]
 TemperatureOpt = Annotated[float, typer.Option(min=0.0, help="0 = greedy.")]
 TopKOpt = Annotated[int, typer.Option("--top-k", help="Keep the k most likely tokens (0: all).")]
