@@ -221,6 +221,7 @@ class EngineLoop:
         events = []
         for submission in group.submissions:
             events.append(self._add_one(group, submission))
+        self._publish_stats()  # before the queued count drops, so num_waiting never misses them
         with self._queued_lock:
             self._num_queued -= len(group.submissions)
         self._deliver([(group, event) for event in events])
