@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -132,6 +133,62 @@ def test_echo_logprobs_are_lm_evals_loglikelihood_request(server, tiny_llama, ll
         greedy_next = reference[-1].argmax().item()
         assert logprobs["tokens"][-1] == llm.tokenizer.decode([greedy_next])  # the one generated token
         assert choice["text"].endswith(logprobs["tokens"][-1])
+
+
+LM_EVAL_TASK = """task: tiny_choice
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {data}
+test_split: test
+output_type: multiple_choice
+doc_to_text: "{{{{question}}}}"
+doc_to_choice: "{{{{choices}}}}"
+doc_to_target: "{{{{answer}}}}"
+metric_list:
+  - metric: acc
+    aggregation: mean
+    higher_is_better: true
+"""
+LM_EVAL_DOCS = [{"question": "The capital of France is", "choices": [" Paris", " London", " kalo"], "answer": 0},
+                {"question": "Hello, my name is", "choices": [" toolkit", " mine ruza"], "answer": 0}]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(os.environ.get("TOOLKIT_TEST_LM_EVAL") != "1",
+                    reason="opt-in (TOOLKIT_TEST_LM_EVAL=1): importing lm-eval alone takes ~10-40 s")
+@torch.no_grad()
+def test_lm_eval_local_completions_scores_match_the_models_logits(server, tiny_llama, tmp_path, monkeypatch):
+    """lm-eval's own ``local-completions`` model runs a small multiple-choice task against the server;
+    each (context, continuation) score it records equals the sum of the continuation's log-probabilities
+    from ``toolkit.load(...).logits``, tokenized as lm-eval tokenizes (whole text, then split).
+    Needs ``pip install 'lm-eval[api]'``; the request it sends is also checked, always, by
+    test_echo_logprobs_are_lm_evals_loglikelihood_request."""
+    pytest.importorskip("lm_eval")
+    pytest.importorskip("tenacity")  # lm-eval's API models need it (the lm-eval[api] extra)
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setenv("OPENAI_API_KEY", KEY)
+    import lm_eval  # noqa: PLC0415
+    from lm_eval.tasks import TaskManager  # noqa: PLC0415
+
+    (tmp_path / "docs.jsonl").write_text("\n".join(json.dumps(doc) for doc in LM_EVAL_DOCS))
+    (tmp_path / "tiny_choice.yaml").write_text(LM_EVAL_TASK.format(data=tmp_path / "docs.jsonl"))
+    model_args = (f"base_url={server.url}/v1/completions,model=tiny,tokenizer={tiny_llama.path},"
+                  "tokenizer_backend=huggingface,tokenized_requests=True,num_concurrent=2,max_retries=1")
+    results = lm_eval.simple_evaluate(model="local-completions", model_args=model_args, tasks=["tiny_choice"],
+                                      task_manager=TaskManager(include_path=str(tmp_path)), log_samples=True)
+    loaded = toolkit.load(tiny_llama.path, device="cpu")
+    tokenizer = loaded.tokenizer
+    samples = results["samples"]["tiny_choice"]
+    assert sum(len(sample["resps"]) for sample in samples) == 5
+    for sample in samples:
+        for (context, continuation), ((score, is_greedy),) in zip(sample["arguments"], sample["resps"]):
+            whole = tokenizer(context + continuation, add_special_tokens=False).input_ids
+            start = len(tokenizer(context, add_special_tokens=False).input_ids)
+            logprobs = loaded.logits(whole).float().log_softmax(-1)
+            expected = sum(logprobs[i - 1, whole[i]].item() for i in range(start, len(whole)))
+            assert score == pytest.approx(expected, abs=1e-3)
+            assert is_greedy == all(logprobs[i - 1].argmax().item() == whole[i] for i in range(start, len(whole)))
 
 
 def test_max_tokens_zero_with_echo_scores_without_generating(server, llm):
