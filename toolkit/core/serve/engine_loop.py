@@ -236,6 +236,9 @@ class EngineLoop:
             return _Rejected(submission.index, exc)
         except (RequestTooLargeError, ValueError) as exc:
             return _Rejected(submission.index, ApiError(400, str(exc), param=submission.prompt_param))
+        except Exception as exc:  # noqa: BLE001 - a tokenizer or engine bug fails this request, not the thread
+            log.exception("adding a request failed")
+            return _Rejected(submission.index, ApiError(500, f"adding the request failed: {type(exc).__name__}: {exc}"))
         submission.params = params
         self._tracked[request_id] = _Tracked(group, submission)
         if self.observer is not None:
@@ -265,11 +268,15 @@ class EngineLoop:
 
     def _step(self) -> None:
         try:
-            outputs = self.llm.step()
+            events = self._events(self.llm.step())
         except Exception as exc:  # noqa: BLE001 - fail the requests in flight, keep serving the next ones
             log.exception("engine step failed")
             self._fail_all(ApiError(500, f"the engine failed: {type(exc).__name__}: {exc}"))
             return
+        self._deliver(events)
+
+    def _events(self, outputs) -> list[tuple[RequestGroup, Delta]]:
+        """The deltas to send for one step's outputs (every step for streams, the last for the rest)."""
         now = time.perf_counter()
         events = []
         for out in outputs:
@@ -277,11 +284,11 @@ class EngineLoop:
             if tracked is None:
                 continue
             self._observe_token(tracked, now, out.finish_reason if out.finished else None)
-            if out.finished:
-                del self._tracked[out.request_id]
             if tracked.group.stream or out.finished:
                 events.append((tracked.group, self._delta(tracked, out)))
-        self._deliver(events)
+            if out.finished:
+                del self._tracked[out.request_id]
+        return events
 
     def _observe_token(self, tracked: _Tracked, now: float, finish_reason: str | None) -> None:
         if self.observer is not None:
