@@ -4,9 +4,10 @@ models, completions (greedy text equals ``toolkit.LLM``'s), echo + logprobs (che
 
 One server starts for the module: an API key, a chat template given with ``--chat-template``
 (the tiny model's tokenizer has none), 16 running requests and 20 waiting at most (so the
-503 is reachable, yet the load test's 16 clients never meet it). The template-less 400 is checked on the app in-process. Last, a bounded load
-test (bench/bench_serve_load.py runs the full-size one): rounds of concurrent requests of mixed
-lengths, some dropped mid-stream, after which no KV block is held and memory stays flat.
+503 is reachable, yet the load test's 16 clients never meet it). The template-less 400 is
+checked on the app in-process. Last, a bounded load test (bench/bench_serve_load.py runs the
+full-size one): rounds of concurrent requests of mixed lengths, some dropped mid-stream, after
+which no KV block is held and memory stays flat.
 """
 from __future__ import annotations
 

@@ -31,6 +31,11 @@ GAUGES = {
 }
 
 
+# (used key, total key, metric name, what is counted)
+RATIOS = (("kv_blocks_used", "kv_blocks_total", "toolkit_kv_cache_usage_ratio", "KV blocks"),
+          ("state_slots_used", "state_slots_total", "toolkit_state_slot_usage_ratio", "recurrent-state slots"))
+
+
 class _StatsCollector:
     """Gauges from the engine loop's last stats snapshot (and usage ratios derived from them)."""
 
@@ -43,9 +48,7 @@ class _StatsCollector:
         for key, (name, documentation) in GAUGES.items():
             if key in stats:
                 yield GaugeMetricFamily(name, documentation, value=stats[key])
-        for used, total, name, what in (("kv_blocks_used", "kv_blocks_total", "toolkit_kv_cache_usage_ratio", "KV blocks"),
-                                        ("state_slots_used", "state_slots_total", "toolkit_state_slot_usage_ratio",
-                                         "recurrent-state slots")):
+        for used, total, name, what in RATIOS:
             if stats.get(total):
                 yield GaugeMetricFamily(name, f"Fraction of {what} in use.", value=stats[used] / stats[total])
 
