@@ -13,7 +13,7 @@ from .engine_loop import Delta, RequestGroup, Submission, TokenLogprob
 from .errors import ApiError
 from .protocol import ChatCompletionRequest
 from .sampling import finish_reason, sampling_params, usage
-from .streaming import EventStreamResponse, sse, unless_disconnected
+from .streaming import ChunkWriter, EventStreamResponse, unless_disconnected
 
 
 def _logprob_entry(entry: TokenLogprob) -> dict[str, Any]:
@@ -94,15 +94,14 @@ async def create_chat_completion(state, body: ChatCompletionRequest, request: Re
 
 async def _stream(group: RequestGroup, choices: dict[int, ChatChoice], head: dict, body: ChatCompletionRequest,
                   num_prompt_tokens: int) -> AsyncIterator[str]:
-    head = {**head, "object": "chat.completion.chunk"}
-    include_usage = body.stream_options is not None and body.stream_options.include_usage
-    extra = {"usage": None} if include_usage else {}
+    writer = ChunkWriter({**head, "object": "chat.completion.chunk"},
+                         body.stream_options is not None and body.stream_options.include_usage)
     started: set[int] = set()
     async for delta in group.deltas():
         choice = choices[delta.index].chunk_choice(delta, first=delta.index not in started)
         started.add(delta.index)
         if choice is not None:
-            yield sse({**head, "choices": [choice], **extra})
-    if include_usage:
+            yield writer.choice(choice)
+    if writer.include_usage:
         completion_tokens = sum(choice.num_output_tokens for choice in choices.values())
-        yield sse({**head, "choices": [], "usage": usage(num_prompt_tokens, completion_tokens)})
+        yield writer.usage(usage(num_prompt_tokens, completion_tokens))

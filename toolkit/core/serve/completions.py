@@ -18,7 +18,7 @@ from .engine_loop import Accepted, Delta, RequestGroup, Submission
 from .errors import ApiError
 from .protocol import CompletionRequest
 from .sampling import finish_reason, sampling_params, usage
-from .streaming import EventStreamResponse, sse, unless_disconnected
+from .streaming import ChunkWriter, EventStreamResponse, unless_disconnected
 
 
 class CompletionChoice:
@@ -132,15 +132,14 @@ async def _collect(group: RequestGroup, choices: dict[int, CompletionChoice]) ->
 
 async def _stream(group: RequestGroup, choices: dict[int, CompletionChoice], head: dict, body: CompletionRequest,
                   num_prompt_tokens: int) -> AsyncIterator[str]:
-    include_usage = body.stream_options is not None and body.stream_options.include_usage
-    extra = {"usage": None} if include_usage else {}
+    writer = ChunkWriter(head, body.stream_options is not None and body.stream_options.include_usage)
     async for delta in group.deltas():
         piece = choices[delta.index].piece(delta)
         if piece["text"] or piece["finish_reason"] or (piece["logprobs"] and piece["logprobs"]["tokens"]):
-            yield sse({**head, "choices": [piece], **extra})
-    if include_usage:
+            yield writer.choice(piece)
+    if writer.include_usage:
         completion_tokens = sum(choice.num_output_tokens for choice in choices.values())
-        yield sse({**head, "choices": [], "usage": usage(num_prompt_tokens, completion_tokens)})
+        yield writer.usage(usage(num_prompt_tokens, completion_tokens))
 
 
 def _encoder(state, prompt: str | list[int]):

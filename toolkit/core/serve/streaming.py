@@ -23,6 +23,22 @@ def sse(payload: dict[str, Any]) -> str:
     return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
 
 
+class ChunkWriter:
+    """SSE events of one stream: the fields every chunk repeats (id, object, created, model) are
+    serialized once; each event adds its ``choices`` (and ``usage`` when asked for)."""
+
+    def __init__(self, head: dict[str, Any], include_usage: bool):
+        self.prefix = "data: " + json.dumps(head, ensure_ascii=False)[:-1] + ', "choices": '
+        self.suffix = ', "usage": null}\n\n' if include_usage else "}\n\n"
+        self.include_usage = include_usage
+
+    def choice(self, choice: dict[str, Any]) -> str:
+        return f"{self.prefix}[{json.dumps(choice, ensure_ascii=False)}]{self.suffix}"
+
+    def usage(self, usage: dict[str, int]) -> str:
+        return f"{self.prefix}[], \"usage\": {json.dumps(usage)}}}\n\n"
+
+
 class EventStreamResponse(StreamingResponse):
     """An SSE stream of a request group's chunks; the group is aborted whenever the stream stops."""
 
