@@ -93,3 +93,34 @@ def test_a_prompt_too_long_for_the_context_is_rejected_before_the_engine(loaded)
     error = run_with_loop(engine_loop, scenario)
     assert error.status == 400 and error.code == "context_length_exceeded"
     assert not llm.has_unfinished_requests() and engine_loop.stats["kv_blocks_used"] == 0
+
+
+def test_a_failing_step_fails_the_requests_in_flight_and_the_loop_goes_on(loaded, monkeypatch):
+    llm = LLM(loaded, max_num_seqs=4)
+    engine_loop = EngineLoop(llm)
+    real_step, calls = llm.step, []
+
+    def step_failing_once():
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("device lost")
+        return real_step()
+
+    monkeypatch.setattr(llm, "step", step_failing_once)
+    params = SamplingParams(max_tokens=4, temperature=0, ignore_eos=True)
+
+    async def collect(group):
+        await group.start()
+        return [delta async for delta in group.deltas()]
+
+    async def scenario():
+        failed = engine_loop.submit([Submission(0, lambda: list(range(3, 20)), params, 4)], stream=True)
+        with pytest.raises(ApiError, match="device lost") as excinfo:
+            await collect(failed)
+        after = engine_loop.submit([Submission(0, lambda: list(range(3, 20)), params, 4)], stream=False)
+        return excinfo.value, await collect(after)
+
+    error, deltas = run_with_loop(engine_loop, scenario)
+    assert error.status == 500
+    assert [d.finished for d in deltas] == [True] and deltas[0].num_output_tokens == 4
+    assert engine_loop.stats["kv_blocks_used"] == 0

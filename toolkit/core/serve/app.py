@@ -73,7 +73,7 @@ def _add_error_handlers(app: FastAPI, state: ServerState) -> None:
 
 
 def _add_routes(app: FastAPI, state: ServerState) -> None:
-    def check_key(request: Request) -> None:
+    async def check_key(request: Request) -> None:  # async: a plain def would hop to a thread pool
         expected = state.settings.api_key
         if expected is None:
             return

@@ -202,7 +202,8 @@ class EngineLoop:
                 return
             if self.llm.has_unfinished_requests():
                 self._step()
-            self._publish_stats()
+            else:
+                self._publish_stats()
 
     def _drain_commands(self, block: bool) -> bool:
         """Apply queued adds and aborts (waiting for one if ``block``); False when told to stop."""
@@ -271,8 +272,8 @@ class EngineLoop:
             events = self._events(self.llm.step())
         except Exception as exc:  # noqa: BLE001 - fail the requests in flight, keep serving the next ones
             log.exception("engine step failed")
-            self._fail_all(ApiError(500, f"the engine failed: {type(exc).__name__}: {exc}"))
-            return
+            events = self._fail_all(ApiError(500, f"the engine failed: {type(exc).__name__}: {exc}"))
+        self._publish_stats()  # first, so whoever reads a delta sees stats at least as new
         self._deliver(events)
 
     def _events(self, outputs) -> list[tuple[RequestGroup, Delta]]:
@@ -300,13 +301,14 @@ class EngineLoop:
                 self.observer.on_finish(finish_reason, now - tracked.group.arrival)
         tracked.last_token_time = now
 
-    def _fail_all(self, error: ApiError) -> None:
+    def _fail_all(self, error: ApiError) -> list[tuple[RequestGroup, _Rejected]]:
+        """Abort every request in flight; the errors to send their groups."""
         events = []
         for request_id, tracked in list(self._tracked.items()):
             self.llm.abort(request_id)
             events.append((tracked.group, _Rejected(tracked.index, error)))
         self._tracked.clear()
-        self._deliver(events)
+        return events
 
     def _delta(self, tracked: _Tracked, out) -> Delta:
         text = out.text
