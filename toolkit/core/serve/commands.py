@@ -30,11 +30,12 @@ def check_serve_extra() -> None:
 
 
 def serve_command(
-        model: ModelArg,
+        model: ModelArg = None,
         host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
         port: Annotated[int, typer.Option(min=0, max=65535, help="Port to listen on.")] = 8000,
         served_model_name: Annotated[Optional[list[str]], typer.Option(
-            "--served-model-name", help="Name clients use in 'model' (repeatable; default: MODEL).")] = None,
+            "--served-model-name",
+            help="Name clients use in 'model' (repeatable; default: MODEL, or the default model's file name).")] = None,
         api_key: Annotated[Optional[str], typer.Option(
             "--api-key", envvar="TOOLKIT_API_KEY",
             help="Require 'Authorization: Bearer KEY' on every route but /health.")] = None,
@@ -54,14 +55,20 @@ def serve_command(
     Example:  toolkit serve ./my-llama --port 8000 --api-key secret --max-num-seqs 64
     """
     check_serve_extra()
+    from ..cli_load import resolve_model  # noqa: PLC0415 - heavy imports only when the command runs
+
+    reference, is_default = resolve_model(model, format)
+    if is_default:
+        typer.echo(f"model: {reference} (default of loader {format!r})", err=True)
+    names = list(served_model_name or [Path(reference).name if is_default else reference])
     template = chat_template.read_text() if chat_template is not None else None
-    llm = _engine(model, format, quant, dtype, device, tp, kv_cache_memory, max_num_seqs=max_num_seqs,
+    llm = _engine(reference, format, quant, dtype, device, tp, kv_cache_memory, max_num_seqs=max_num_seqs,
                   max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len,
                   enforce_eager=enforce_eager, seed=seed)
     from .server import run  # noqa: PLC0415 - fastapi and uvicorn only once a server starts
 
     try:
-        run(llm, model_names=list(served_model_name or [model]), api_key=api_key, max_waiting=max_waiting,
+        run(llm, model_names=names, api_key=api_key, max_waiting=max_waiting,
             chat_template=template, host=host, port=port, log_level=log_level)
     finally:
         llm.close()

@@ -91,8 +91,7 @@ class ServerState:
 
     def check_chat_template(self) -> None:
         """400 when neither the tokenizer nor ``--chat-template`` gives a template."""
-        tokenizer = self.llm.tokenizer
-        if self.settings.chat_template is None and not getattr(tokenizer, "chat_template", None):
+        if self.settings.chat_template is None and not self.llm.has_chat_template():
             raise ApiError(400, "This model has no chat template, so /v1/chat/completions cannot format messages. "
                            "Use /v1/completions, or start the server with --chat-template FILE (a Jinja template).",
                            param="messages", code="no_chat_template")
