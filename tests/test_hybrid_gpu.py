@@ -75,18 +75,37 @@ def tiny(tmp_path_factory):
     return path
 
 
-def test_engine_decode_from_cuda_graphs_matches_cpu_greedy(tiny):
+@pytest.fixture
+def no_tf32():
+    """fp32 means fp32 (cuDNN's conv1d would otherwise use TF32 and flip near-tied argmaxes)."""
+    saved = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
+    yield
+    torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved
+
+
+def _engine_tokens(model, prompts, *, eager: bool, replays: list | None = None):
+    with LLM(model, max_num_seqs=8, max_num_batched_tokens=64, kv_cache_memory=64 << 20, max_model_len=256,
+             enforce_eager=eager) as llm:
+        runner = llm.executor.runner
+        assert (runner.graphs is None) == eager
+        if replays is not None:
+            original = runner.graphs.run
+            runner.graphs.run = lambda step: replays.append(len(step.query_lens)) or original(step)
+        outputs = llm.generate(prompts, SamplingParams(max_tokens=10, temperature=0, ignore_eos=True))
+    return [o.token_ids for o in outputs]
+
+
+def test_engine_decode_from_cuda_graphs_matches_eager_and_cpu_greedy(tiny, no_tf32):
     cpu = toolkit.load(tiny, device="cpu")
     gen = torch.Generator().manual_seed(4)
     prompts = [torch.randint(0, cpu.config.vocab_size, (n,), generator=gen).tolist() for n in (3, 70, 150, 1, 33)]
     expected = [cpu.generate(p, 10, stop_token_ids=[]) for p in prompts]
-    model = toolkit.load(tiny, device="cuda")
-    with LLM(model, max_num_seqs=8, max_num_batched_tokens=64, kv_cache_memory=64 << 20, max_model_len=256) as llm:
-        runner = llm.executor.runner
-        assert runner.graphs is not None
-        replays = []
-        original = runner.graphs.run
-        runner.graphs.run = lambda step: replays.append(len(step.query_lens)) or original(step)
-        outputs = llm.generate(prompts, SamplingParams(max_tokens=10, temperature=0, ignore_eos=True))
-    assert [o.token_ids for o in outputs] == expected
+    model = toolkit.load(tiny, device="cuda", dtype=torch.float32)  # CUDA defaults to bf16; compare in fp32
+    single = [model.generate(p, 10, stop_token_ids=[]) for p in prompts]
+    eager = _engine_tokens(model, prompts, eager=True)
+    replays: list[int] = []
+    graphs = _engine_tokens(model, prompts, eager=False, replays=replays)
     assert replays  # decode steps ran from captured graphs
+    assert graphs == eager == single
+    assert graphs == expected
