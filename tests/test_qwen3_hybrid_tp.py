@@ -34,3 +34,21 @@ def test_tp2_matches_tp1(kind, tmp_path):
     with toolkit.load(tmp_path, tp=2, device="cpu") as handle:
         torch.testing.assert_close(handle.logits(ids), expected_logits, atol=1e-5, rtol=0)
         assert handle.generate(ids[:11], 8, stop_token_ids=[]) == expected_tokens
+
+
+@pytest.mark.slow
+def test_engine_on_tp2_handle_matches_one_at_a_time(tmp_path):
+    """The engine driving a tp=2 handle: both ranks agree on blocks and state slots; greedy tokens of a
+    batch with chunked prefill equal tp=1 one-at-a-time generation."""
+    from toolkit import LLM, SamplingParams  # noqa: PLC0415
+
+    save_hybrid(tmp_path, "qwen3_5", seed=7)
+    prompts = [prompt(n, seed=20 + n).tolist() for n in (4, 45, 1)]
+    single = toolkit.load(tmp_path, device="cpu")
+    expected = [single.generate(p, 6, stop_token_ids=[]) for p in prompts]
+    with toolkit.load(tmp_path, tp=2, device="cpu") as handle:
+        with LLM(handle, max_num_seqs=4, max_num_batched_tokens=16, kv_cache_memory=1 << 20, max_model_len=128) as llm:
+            report = llm.memory_report()
+            outputs = llm.generate(prompts, SamplingParams(max_tokens=6, temperature=0, ignore_eos=True))
+    assert [o.token_ids for o in outputs] == expected
+    assert report["state_slots"] == 4 and report["recurrent_layers"] == 3
