@@ -14,6 +14,7 @@ from torch import nn
 from .arch import ModelArch
 from .config import ModelConfig
 from .layers.attention import Attention, AttentionMetadata
+from .layers.recurrent import allocate_states, bind_states, recurrent_states
 from .parallel import ParallelContext
 from .report import LoadReport
 from .threads import CoreShare
@@ -74,10 +75,12 @@ class LoadedModel:
 
 
 class _SingleSequenceCache:
-    """A private paged KV cache holding one sequence in consecutive blocks."""
+    """A private paged KV cache holding one sequence in consecutive blocks (and one slot of
+    recurrent state for the layers that keep one)."""
 
     def __init__(self, model: nn.Module, max_tokens: int, device: torch.device, dtype: torch.dtype):
         self.layers = [m for m in model.modules() if isinstance(m, Attention)]
+        self.states = recurrent_states(model)
         self.num_blocks = (max_tokens + BLOCK_SIZE - 1) // BLOCK_SIZE
         self.device, self.dtype = device, dtype
 
@@ -86,11 +89,13 @@ class _SingleSequenceCache:
             shape = (self.num_blocks, BLOCK_SIZE, layer.num_kv_heads, layer.head_dim)
             layer.k_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
             layer.v_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
+        bind_states(self.states, allocate_states(self.states, 1, self.dtype, self.device))
         return self
 
     def __exit__(self, *exc):
         for layer in self.layers:
             layer.k_cache = layer.v_cache = None
+        bind_states(self.states, None)
 
     def step_inputs(self, ids: list[int], start: int):
         count = len(ids)
@@ -100,5 +105,6 @@ class _SingleSequenceCache:
             seq_lens=torch.tensor([start + count], dtype=torch.int32, device=self.device),
             slot_mapping=positions.to(torch.int64),
             block_tables=torch.arange(self.num_blocks, dtype=torch.int32, device=self.device).unsqueeze(0),
-            max_query_len=count, max_seq_len=start + count)
+            max_query_len=count, max_seq_len=start + count,
+            state_slots=torch.zeros(1, dtype=torch.int64, device=self.device) if self.states else None)
         return torch.tensor(ids, dtype=torch.long, device=self.device), positions, meta

@@ -103,6 +103,11 @@ class ModelParameter(nn.Parameter):
             raise ValueError("load_expert needs a placement with an expert index")
         self._load_placed(loaded, placement)
 
+    def load_placed(self, loaded: Any, placement: Placement) -> None:
+        """Any row block of the checkpoint tensor to any offset (layers whose checkpoint packs
+        several parts in one tensor, in layouts the loads above do not describe)."""
+        self._load_placed(loaded, placement)
+
     def missing_shards(self) -> set:
         return set(self.shard_ids) - self.loaded_shards
 

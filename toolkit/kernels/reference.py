@@ -7,6 +7,7 @@ from __future__ import annotations
 import torch
 
 from ..core.hookspecs import hookimpl
+from .recurrent_reference import OPS as RECURRENT_OPS
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, weight_offset: float = 0.0) -> torch.Tensor:
@@ -138,5 +139,6 @@ def paged_decode(q, k_cache, v_cache, attn, scale: float, sliding_window=None, s
 def register_kernels(register):
     for name, fn in (("rms_norm", rms_norm), ("add_rms_norm", add_rms_norm), ("gated_activation", gated_activation),
                      ("rotary_qk", rotary_qk), ("rotary", rotary), ("store_kv", store_kv),
-                     ("varlen_attention", varlen_attention), ("paged_attention", paged_attention)):
+                     ("varlen_attention", varlen_attention), ("paged_attention", paged_attention),
+                     *RECURRENT_OPS):
         register(name, fn, device="any")

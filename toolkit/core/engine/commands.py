@@ -168,14 +168,17 @@ def bench_command(
     Example:  toolkit bench ./my-llama --batch-sizes 1,8,32 --input-len 128 --output-len 128 --json bench.json
     """
     from . import benchmark  # noqa: PLC0415
+    from .llm import format_memory_report  # noqa: PLC0415
 
     sizes = parse_batch_sizes(batch_sizes)
     with _engine(model, format, quant, dtype, device, tp, kv_cache_memory, max_num_seqs=max(sizes),
                  enable_prefix_caching=False) as llm:
+        memory = llm.memory_report()
+        typer.echo(f"cache: {format_memory_report(memory)}")
         rows = benchmark.run(llm, sizes, input_len, output_len, temperature=temperature)
     typer.echo(benchmark.format_table(rows))
     if json_path is not None:
-        json_path.write_text(json.dumps({"model": model, "results": rows}, indent=2))
+        json_path.write_text(json.dumps({"model": model, "memory": memory, "results": rows}, indent=2))
         typer.echo(f"wrote {json_path}")
 
 

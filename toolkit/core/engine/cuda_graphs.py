@@ -3,7 +3,8 @@
 A decode step launches hundreds of small kernels; replaying a captured graph removes the
 launch overhead. One graph is captured per batch size in ``batch_sizes``; a step with ``n``
 sequences replays the smallest graph of at least ``n``, with the spare rows padded (slot -1:
-nothing stored; context length 0: nothing read). Inputs live in static buffers the graphs
+nothing stored; context length 0: nothing read; recurrent layers read and write the runner's
+null state slot). Inputs live in static buffers the graphs
 read; the block-table buffer is as wide as ``max_model_len`` needs, so no step outgrows it.
 """
 from __future__ import annotations
@@ -29,13 +30,16 @@ class DecodeGraphs:
         self.seq_lens = torch.zeros(size, dtype=torch.int32, device=self.device)
         self.query_start_loc = torch.arange(size + 1, dtype=torch.int32, device=self.device)
         self.block_tables = torch.zeros((size, width), dtype=torch.int32, device=self.device)
+        self.state_slots = (torch.full((size,), runner.null_slot, dtype=torch.int64, device=self.device)
+                            if runner.states else None)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.logits: dict[int, torch.Tensor] = {}
 
     def _metadata(self, size: int) -> AttentionMetadata:
         return AttentionMetadata(query_start_loc=self.query_start_loc[:size + 1], seq_lens=self.seq_lens[:size],
                                  slot_mapping=self.slot_mapping[:size], block_tables=self.block_tables[:size],
-                                 max_query_len=1, max_seq_len=self.runner.config.max_model_len)
+                                 max_query_len=1, max_seq_len=self.runner.config.max_model_len,
+                                 state_slots=None if self.state_slots is None else self.state_slots[:size])
 
     def _forward(self, size: int) -> torch.Tensor:
         model = self.runner.model
@@ -72,6 +76,9 @@ class DecodeGraphs:
         self.seq_lens[:count].copy_(positions + 1, non_blocking=True)
         self.seq_lens[count:size].fill_(0)
         self.block_tables[:count, :tables.shape[1]].copy_(tables, non_blocking=True)
+        if self.state_slots is not None:
+            self.state_slots[:count].copy_(torch.tensor(step.state_slots, dtype=torch.int64), non_blocking=True)
+            self.state_slots[count:size].fill_(self.runner.null_slot)
         self.graphs[size].replay()
         rows = torch.tensor(step.sample_rows, dtype=torch.int64, device=self.device)
         return self.logits[size][rows]

@@ -17,21 +17,25 @@ from .model_runner import ModelRunner, RunnerConfig, StepInput
 _RUNNERS: dict[str, ModelRunner] = {}
 
 
-def _rank_start(loaded, engine_id: str, config: RunnerConfig) -> int:
-    """Create this rank's runner; returns the KV blocks all ranks can hold (the minimum over ranks)."""
+def _rank_start(loaded, engine_id: str, config: RunnerConfig) -> tuple[int, int]:
+    """Create this rank's runner; returns the (KV blocks, state slots) all ranks can hold (minimum over ranks)."""
     runner = _RUNNERS[engine_id] = ModelRunner(loaded, config)
-    num_blocks = runner.profile_num_blocks()
-    if loaded.parallel.tp_size > 1:  # ranks may see different free memory; block ids must mean the same
+    num_blocks, num_slots = runner.profile_num_blocks()
+    if loaded.parallel.tp_size > 1:  # ranks may see different free memory; block and slot ids must mean the same
         import torch.distributed as dist  # noqa: PLC0415
 
-        agreed = torch.tensor([num_blocks], dtype=torch.int64, device=loaded.device)
+        agreed = torch.tensor([num_blocks, num_slots], dtype=torch.int64, device=loaded.device)
         dist.all_reduce(agreed, op=dist.ReduceOp.MIN, group=loaded.parallel.group)
-        num_blocks = int(agreed.item())
-    return num_blocks
+        num_blocks, num_slots = (int(v) for v in agreed.tolist())
+    return num_blocks, num_slots
 
 
-def _rank_allocate(loaded, engine_id: str, num_blocks: int) -> None:
-    _RUNNERS[engine_id].allocate(num_blocks)
+def _rank_allocate(loaded, engine_id: str, num_blocks: int, num_slots: int = 0) -> None:
+    _RUNNERS[engine_id].allocate(num_blocks, num_slots)
+
+
+def _rank_memory(loaded, engine_id: str) -> dict:
+    return _RUNNERS[engine_id].memory_report()
 
 
 def _rank_execute(loaded, engine_id: str, step: StepInput):
@@ -56,9 +60,12 @@ class LocalExecutor:
 
     def __init__(self, loaded, config: RunnerConfig):
         self.loaded, self.engine_id = loaded, uuid.uuid4().hex
-        self.num_blocks = _rank_start(loaded, self.engine_id, config)
-        _rank_allocate(loaded, self.engine_id, self.num_blocks)
+        self.num_blocks, self.num_slots = _rank_start(loaded, self.engine_id, config)
+        _rank_allocate(loaded, self.engine_id, self.num_blocks, self.num_slots)
         self.runner = _RUNNERS[self.engine_id]
+
+    def memory_report(self) -> dict:
+        return self.runner.memory_report()
 
     def execute(self, step: StepInput) -> torch.Tensor:
         return self.runner.execute(step)
@@ -72,8 +79,12 @@ class ParallelExecutor:
 
     def __init__(self, handle, config: RunnerConfig):
         self.handle, self.engine_id = handle, uuid.uuid4().hex
-        self.num_blocks = handle.run(_rank_start, self.engine_id, config)
-        handle.run(_rank_allocate, self.engine_id, self.num_blocks)
+        self.num_blocks, self.num_slots = handle.run(_rank_start, self.engine_id, config)
+        handle.run(_rank_allocate, self.engine_id, self.num_blocks, self.num_slots)
+
+    def memory_report(self) -> dict:
+        """Rank 0's cache (every rank holds the same blocks and slots over its own heads)."""
+        return self.handle.run(_rank_memory, self.engine_id)
 
     def execute(self, step: StepInput) -> torch.Tensor:
         return self.handle.run(_rank_execute, self.engine_id, step)

@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import itertools
+import logging
 import os
 import time
 from typing import Iterator, Sequence as Seq
@@ -28,6 +29,9 @@ from .sampler import Sampler, SamplingRow, prompt_logprobs
 from .sampling_params import SamplingParams
 from .scheduler import RequestTooLargeError, Scheduler, SchedulerOutput
 from .sequence import Sequence
+from .state_pool import StatePool
+
+logger = logging.getLogger("toolkit.engine")
 
 Prompt = str | Seq[int]
 
@@ -47,7 +51,9 @@ class LLM:
     :param kv_cache_memory: bytes (or ``"4GiB"``) for the KV cache per rank; default: what fits in
         ``gpu_memory_utilization`` of the GPU, or 256 MiB on CPU
     :param block_size: tokens per KV block
-    :param enable_prefix_caching: reuse KV blocks of identical prompt prefixes across requests
+    :param enable_prefix_caching: reuse KV blocks of identical prompt prefixes across requests (switched
+        off for models with recurrent layers: their state at a block boundary is not kept, so a cached
+        prefix's KV alone could not resume them)
     :param max_model_len: longest sequence (default: the model's max_position_embeddings)
     :param enforce_eager: no CUDA graphs for decode steps
     :param seed: seed for requests without their own (default: random; 0 under a launcher, so ranks agree)
@@ -81,9 +87,17 @@ class LLM:
         self.device = torch.device(model.device) if is_local else torch.device("cpu")
         self._cores = CoreShare() if is_local and self.device.type == "cpu" else None  # threads that fit free cores
         self.block_size = block_size
+        # recurrent layers: the scheduler hands out slot ids; the state tensors live in the runner(s)
+        self.state_pool = StatePool(self.executor.num_slots, {}) if self.executor.num_slots else None
+        if self.state_pool is not None and enable_prefix_caching:
+            logger.info("prefix caching is off: this model has recurrent layers, whose state cannot be "
+                        "resumed from cached KV blocks")
+            enable_prefix_caching = False
         self.block_manager = BlockManager(self.executor.num_blocks, block_size, enable_prefix_caching)
         self.scheduler = Scheduler(self.block_manager, max_num_seqs=max_num_seqs,
-                                   max_num_batched_tokens=max_num_batched_tokens, max_model_len=self.max_model_len)
+                                   max_num_batched_tokens=max_num_batched_tokens, max_model_len=self.max_model_len,
+                                   state_pool=self.state_pool)
+        logger.info("engine cache: %s", format_memory_report(self.memory_report()))
         self.sampler = Sampler(self.device, seed=_default_seed(seed, model))
         self.detokenizer = Detokenizer(self.tokenizer)
         self._requests: dict[str, Sequence] = {}
@@ -198,6 +212,12 @@ class LLM:
                 "prefix_cache_hit_rate": cache.hit_rate, "num_preemptions": self.scheduler.num_preemptions,
                 "num_blocks": self.block_manager.num_blocks, "num_free_blocks": self.block_manager.num_free_blocks}
 
+    def memory_report(self) -> dict:
+        """The cache of one rank: ``kv_cache_bytes`` and ``kv_tokens`` (paged KV of the attention layers
+        only), ``state_bytes`` and ``state_slots`` (one recurrent-state slot per running sequence, plus a
+        null slot counted in the bytes), the budget they share, and per-token / per-slot sizes."""
+        return dict(self.executor.memory_report(), prefix_caching=self.block_manager.enable_prefix_caching)
+
     def close(self) -> None:
         """Release the KV cache (and the model's workers if this engine loaded it)."""
         self.executor.close()
@@ -225,15 +245,16 @@ class LLM:
             raise ValueError(f"{len(prompts)} prompts but {len(params)} SamplingParams")
         return [self.add_request(prompt, p, stream=stream) for prompt, p in zip(prompts, params)]
 
-    @staticmethod
-    def _step_input(scheduled: SchedulerOutput) -> StepInput:
+    def _step_input(self, scheduled: SchedulerOutput) -> StepInput:
         items = scheduled.scheduled
+        pool = self.state_pool
         return StepInput(
             token_ids=[t for i in items for t in i.seq.token_ids[i.start:i.start + i.num_new_tokens]],
             query_lens=[i.num_new_tokens for i in items], starts=[i.start for i in items],
             block_tables=[i.seq.block_table for i in items],
             sample_rows=[row for row, i in enumerate(items) if i.samples],
-            all_logits_rows=[row for row, i in enumerate(items) if i.seq.wants_prompt_logprobs])
+            all_logits_rows=[row for row, i in enumerate(items) if i.seq.wants_prompt_logprobs],
+            state_slots=None if pool is None else [pool.slot_of(i.seq.request_id) for i in items])
 
     @staticmethod
     def _record_prompt_logprobs(scheduled: SchedulerOutput, step_input: StepInput, logits: torch.Tensor) -> None:
@@ -283,6 +304,19 @@ class LLM:
             logprobs=list(seq.logprobs) if seq.params.logprobs is not None else None,
             prompt_logprobs=list(seq.prompt_logprobs) if seq.params.prompt_logprobs is not None else None,
             num_cached_tokens=seq.num_cached_tokens, metrics=metrics)
+
+
+def format_memory_report(report: dict) -> str:
+    """One line: KV bytes/tokens for attention layers, state bytes/slots for recurrent layers."""
+    mib = 2 ** 20
+    line = (f"KV {report['kv_cache_bytes'] / mib:.1f} MiB = {report['kv_tokens']} tokens "
+            f"({report['attention_layers']} attention layers)")
+    if report.get("recurrent_layers"):
+        line += (f"; recurrent state {report['state_bytes'] / mib:.1f} MiB = {report['state_slots']} slots "
+                 f"({report['recurrent_layers']} recurrent layers)")
+    if report.get("budget_bytes") is not None:
+        line += f"; budget {report['budget_bytes'] / mib:.1f} MiB"
+    return line
 
 
 def _tokenizer_eos(tokenizer) -> tuple[int, ...]:

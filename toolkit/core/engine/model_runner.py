@@ -1,5 +1,12 @@
 """Runs one engine step on one rank: builds the flat batch and its AttentionMetadata, owns the KV
-cache of this rank's Attention layers, and replays CUDA graphs for decode batches.
+cache of this rank's Attention layers and the recurrent-state pool of its RecurrentState layers,
+and replays CUDA graphs for decode batches.
+
+Cache budget (per rank): layers declare what they cache. Attention layers get paged KV blocks,
+sized by those layers alone; RecurrentState layers get one fixed-size slot per running sequence
+(``max_num_seqs`` slots, fewer only if the budget is that small) plus one null slot that padded
+rows of a captured decode graph write into. The state pool is taken off the budget first and
+the KV blocks fill the rest, so ``kv_cache_bytes + state_bytes <= budget``.
 
 Everything it receives (``RunnerConfig``, ``StepInput``) is plain picklable data, so under
 tensor parallelism the same step runs on every rank from the parent's description.
@@ -12,7 +19,9 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..errors import ToolkitError
 from ..layers.attention import AttentionMetadata
+from ..layers.recurrent import allocate_states, bind_states, recurrent_states
 from . import kv_cache
 from .cuda_graphs import DecodeGraphs
 
@@ -39,6 +48,7 @@ class StepInput:
     :param sample_rows: sequences whose last new token's logits are returned, in this order
     :param all_logits_rows: sequences whose every new token's logits are returned too, after the
         sample rows' (in this order, each sequence's tokens in order); for prompt log-probabilities
+    :param state_slots: recurrent-state slot per sequence (None for a model without recurrent layers)
     """
 
     token_ids: list[int]
@@ -47,6 +57,7 @@ class StepInput:
     block_tables: list[list[int]]
     sample_rows: list[int]
     all_logits_rows: list[int] = field(default_factory=list)
+    state_slots: list[int] | None = None
 
     @property
     def is_decode(self) -> bool:
@@ -66,29 +77,65 @@ def graph_blockers(model: torch.nn.Module) -> str | None:
     return "; ".join(notes) or None
 
 
+class CacheBudgetError(ToolkitError, ValueError):
+    """The cache budget cannot hold one sequence's recurrent state and KV at the model's length."""
+
+
 class ModelRunner:
     def __init__(self, loaded, config: RunnerConfig):
         self.loaded, self.model, self.config = loaded, loaded.model, config
         self.device = torch.device(loaded.device)
         self.layers = kv_cache.attention_layers(self.model)
+        self.states = recurrent_states(self.model)
         self.dtype = kv_cache.cache_dtype(loaded)
         self.block_bytes = kv_cache.bytes_per_block(self.layers, config.block_size, self.dtype)
+        self.slot_bytes = sum(state.bytes_per_slot(self.dtype) for state in self.states)
         self.max_blocks_per_seq = -(-config.max_model_len // config.block_size)
-        self.num_blocks = 0
+        self.num_blocks = self.num_slots = 0
+        self.budget: int | None = None
         self.caches: list[tuple[torch.Tensor, torch.Tensor]] = []  # ours, even while another engine binds its own
+        self.state_tensors: list[dict[str, torch.Tensor]] = []
         self.graphs: DecodeGraphs | None = None
         self.graph_note: str | None = None     # why decode runs eagerly on CUDA, if it does
 
-    # ---- KV cache ---------------------------------------------------------------------------
-    def profile_num_blocks(self) -> int:
-        """How many KV blocks this rank can hold (an explicit budget, or free device memory)."""
+    # ---- KV cache and state pool -------------------------------------------------------------
+    def profile_num_blocks(self) -> tuple[int, int]:
+        """(KV blocks, recurrent-state slots) this rank can hold (an explicit budget, or free device memory)."""
         budget = self.config.kv_cache_memory
         if budget is None and self.device.type == "cuda":
             budget = kv_cache.cuda_budget(self.device, self.config.gpu_memory_utilization, self._activation_peak())
         elif budget is None:
             budget = kv_cache.CPU_DEFAULT_KV_BYTES
-        most_useful = self.config.max_num_seqs * self.max_blocks_per_seq + 1
-        return int(min(budget // self.block_bytes, most_useful))
+        self.budget = budget
+        num_slots = self._num_state_slots(budget)
+        kv_budget = budget - self.state_bytes(num_slots)
+        most_useful = (num_slots or self.config.max_num_seqs) * self.max_blocks_per_seq + 1
+        num_blocks = most_useful if not self.block_bytes else min(kv_budget // self.block_bytes, most_useful)
+        return int(num_blocks), num_slots
+
+    def state_bytes(self, num_slots: int) -> int:
+        """Bytes of a pool of ``num_slots`` slots plus its null slot (0 without recurrent layers)."""
+        return (num_slots + 1) * self.slot_bytes if self.states and num_slots else 0
+
+    def _num_state_slots(self, budget: int) -> int:
+        """One slot per running sequence, unless the budget cannot also hold one full-length sequence's KV."""
+        if not self.states:
+            return 0
+        room = (budget - self.max_blocks_per_seq * self.block_bytes) // self.slot_bytes - 1  # less the null slot
+        if room < 1:
+            raise CacheBudgetError(
+                f"a cache budget of {budget} bytes cannot hold one sequence's recurrent state ({self.slot_bytes} bytes) "
+                f"and its KV at max_model_len {self.config.max_model_len}; raise kv_cache_memory or lower max_model_len")
+        return int(min(self.config.max_num_seqs, room))
+
+    def memory_report(self) -> dict[str, int | None]:
+        """What this rank's cache holds: KV for the attention layers, one state slot per sequence."""
+        return {"budget_bytes": self.budget, "kv_cache_bytes": self.num_blocks * self.block_bytes,
+                "kv_tokens": self.num_blocks * self.config.block_size, "kv_blocks": self.num_blocks,
+                "kv_bytes_per_token": self.block_bytes // self.config.block_size,
+                "attention_layers": len(self.layers), "recurrent_layers": len(self.states),
+                "state_bytes": self.state_bytes(self.num_slots), "state_slots": self.num_slots,
+                "state_bytes_per_slot": self.slot_bytes}
 
     @torch.inference_mode()
     def _activation_peak(self) -> int:
@@ -107,11 +154,14 @@ class ModelRunner:
         torch.cuda.empty_cache()
         return peak
 
-    def allocate(self, num_blocks: int) -> None:
-        """Bind the KV cache and, on CUDA, capture the decode graphs that read it."""
-        self.num_blocks = num_blocks
+    def allocate(self, num_blocks: int, num_slots: int = 0) -> None:
+        """Bind the KV cache and state pool and, on CUDA, capture the decode graphs that read them."""
+        self.num_blocks, self.num_slots = num_blocks, num_slots
         self.caches = kv_cache.allocate(self.layers, num_blocks, self.config.block_size, self.dtype, self.device)
         kv_cache.bind(self.layers, self.caches)
+        if self.states:  # row num_slots is the null slot
+            self.state_tensors = allocate_states(self.states, num_slots + 1, self.dtype, self.device)
+            bind_states(self.states, self.state_tensors)
         self.graph_note = None
         if self.device.type == "cuda" and not self.config.enforce_eager:
             self.graph_note = graph_blockers(self.model)
@@ -132,10 +182,16 @@ class ModelRunner:
             return
         self.graphs = graphs
 
+    @property
+    def null_slot(self) -> int:
+        return self.num_slots
+
     def close(self) -> None:
         self.graphs = None
         kv_cache.unbind(self.layers, self.caches)
-        self.caches = []
+        if self.states and self.states[0].tensors is (self.state_tensors[0] if self.state_tensors else None):
+            bind_states(self.states, None)
+        self.caches, self.state_tensors = [], []
 
     # ---- one step ---------------------------------------------------------------------------
     @torch.inference_mode()
@@ -144,6 +200,8 @@ class ModelRunner:
         followed by those of every new token of each ``step.all_logits_rows`` sequence."""
         if not kv_cache.is_bound(self.layers, self.caches):  # another engine on this model bound its own
             kv_cache.bind(self.layers, self.caches)
+        if self.state_tensors and self.states[0].tensors is not self.state_tensors[0]:
+            bind_states(self.states, self.state_tensors)
         if graphs and self.graphs is not None and not step.all_logits_rows and self.graphs.can_run(step):
             logits = self.graphs.run(step)
         else:
@@ -175,7 +233,8 @@ class ModelRunner:
         attn = AttentionMetadata(
             query_start_loc=self._tensor(query_start_loc, torch.int32), seq_lens=self._tensor(seq_lens, torch.int32),
             slot_mapping=self._tensor(slots), block_tables=self._tensor(block_tables),
-            max_query_len=max(step.query_lens), max_seq_len=int(seq_lens.max()))
+            max_query_len=max(step.query_lens), max_seq_len=int(seq_lens.max()),
+            state_slots=None if step.state_slots is None else self._tensor(step.state_slots))
         return self._tensor(step.token_ids), self._tensor(positions), attn
 
     @staticmethod

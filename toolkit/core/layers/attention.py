@@ -24,6 +24,8 @@ class AttentionMetadata:
     :param seq_lens: [num_seqs] tokens of context per sequence after this step (cached + new)
     :param slot_mapping: [T] KV-cache slot (block * block_size + offset) for each new token, or None
     :param block_tables: [num_seqs, max_blocks] KV block ids per sequence (-1 padded), or None
+    :param state_slots: [num_seqs] row of each sequence in the bound recurrent states, or None
+        (recurrent layers then start every sequence from zero and keep nothing)
     """
 
     query_start_loc: torch.Tensor
@@ -32,6 +34,7 @@ class AttentionMetadata:
     block_tables: torch.Tensor | None = None
     max_query_len: int = 0
     max_seq_len: int = 0
+    state_slots: torch.Tensor | None = None
 
     @classmethod
     def for_prompts(cls, lengths: list[int], device: torch.device | str = "cpu") -> "AttentionMetadata":
@@ -47,6 +50,12 @@ class AttentionMetadata:
     @property
     def is_decode(self) -> bool:
         return self.max_query_len == 1
+
+    def starts_fresh(self) -> torch.Tensor:
+        """[num_seqs] bool: the sequence has no earlier tokens, so its recurrent state starts at zero
+        (padding rows of a captured graph, with context length 0, count as fresh too)."""
+        query_lens = self.query_start_loc[1:] - self.query_start_loc[:-1]
+        return self.seq_lens - query_lens <= 0
 
 
 class Attention(nn.Module):

@@ -5,6 +5,7 @@ The packed weights are served by the ``gguf`` quant scheme (``toolkit.plugins.qu
 from toolkit.core.hookspecs import hookimpl
 
 from .checkpoint import GGUFCheckpoint
+from .hybrid import NAME_MAPS as HYBRID_NAME_MAPS
 from .loader import GGUFLoader
 from .names import NAME_MAPS, GGUFNameMap
 from .tensor import GGUFTensor
@@ -19,5 +20,5 @@ def register_loaders(register):
 
 @hookimpl
 def register_name_maps(register):
-    for name_map in NAME_MAPS:
+    for name_map in (*NAME_MAPS, *HYBRID_NAME_MAPS):
         register(name_map)

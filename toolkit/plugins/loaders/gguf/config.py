@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
+from .hybrid import HYBRID_KEYS, hybrid_derived
 from .metadata import Metadata
 from .moe_names import MIXTRAL_KEYS, MOE_KEYS, mixtral_if_experts, qwen2moe_qkv_bias
 from .rope import scaling_from_divisors
@@ -87,6 +88,11 @@ ARCHS: dict[str, ArchSpec] = {
                          constants={"hidden_act": "silu", "norm_topk_prob": False}, derived=(qwen2moe_qkv_bias,)),
     "qwen3moe": ArchSpec("qwen3_moe", ("Qwen3MoeForCausalLM",), keys=MOE_KEYS,
                          constants={"hidden_act": "silu", "norm_topk_prob": True}),
+    # Gated DeltaNet hybrids: see hybrid.py for the ssm.* keys and the layer kinds
+    "qwen35": ArchSpec("qwen3_5_text", ("Qwen3_5ForCausalLM",), keys=HYBRID_KEYS, constants={"hidden_act": "silu"},
+                       derived=(hybrid_derived,)),
+    "qwen3next": ArchSpec("qwen3_next", ("Qwen3NextForCausalLM",), keys=HYBRID_KEYS, constants={"hidden_act": "silu"},
+                          derived=(hybrid_derived,)),
 }
 
 

@@ -31,7 +31,7 @@ from toolkit.kernels.gguf_quant import quantize
 
 from .recipes import TypePlan, recipe_for
 from .writer_metadata import add_entries, arch_entries, check_round_trip, gguf_architecture, rope_tensors
-from .writer_names import GGUFNamer
+from .writer_names import namer_for
 from .writer_tokenizer import add_vocab, special_entries, vocab_from
 
 Q = GGMLQuantizationType
@@ -62,12 +62,13 @@ class GGUFFileWriter:
         arch = registry.architecture(*(hf_config.get("architectures") or []), hf_config.get("model_type"))
         config = arch.config_from(hf_config)
         self.gguf_arch = gguf_architecture(arch, registry)
-        self.namer = GGUFNamer(registry.name_map("gguf", arch.name), config, arch.packed_modules)
+        self.namer = namer_for(registry.name_map("gguf", arch.name), config, self.gguf_arch, arch.packed_modules)
         self.experts = ExpertStacker(getattr(config, "num_experts", 0))
         self.target = (self.target or ("BF16" if config.torch_dtype == "bfloat16" else "F16")).upper()
         self.plan = TypePlan(self.target, self.overrides, num_layers=config.num_layers,
                              tied=config.tie_word_embeddings)
         entries, config_tensors = arch_entries(self.gguf_arch, config), rope_tensors(config)
+        entries += getattr(self.namer, "extra_entries", list)()
         check_round_trip(arch, self.gguf_arch, config, entries, config_tensors)
         self.dest.parent.mkdir(parents=True, exist_ok=True)
         self.writer = GGUFWriter(str(self.dest), self.gguf_arch, use_temp_file=True)
@@ -95,7 +96,10 @@ class GGUFFileWriter:
                 self._add(name, values)
 
     def _add(self, hf_name: str, tensor: torch.Tensor) -> None:
-        gguf_name, values = self.namer.to_file(hf_name, tensor)
+        for gguf_name, values in self.namer.to_files(hf_name, tensor):  # a namer may split or drop a tensor
+            self._add_one(hf_name, gguf_name, values)
+
+    def _add_one(self, hf_name: str, gguf_name: str, values: torch.Tensor) -> None:
         choice = self.plan.choose(hf_name, gguf_name, tuple(values.shape))
         if choice.fallback_from is not None:
             self.fallbacks.append(f"{gguf_name}: {choice.fallback_from.name} -> {choice.qtype.name} "

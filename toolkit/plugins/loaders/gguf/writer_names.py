@@ -75,6 +75,11 @@ class GGUFNamer:
         raise ConversionError(f"tensor {hf_name!r} has no GGUF name for architecture "
                               f"{self.name_map.architecture!r} (see plugins/loaders/gguf/names.py)")
 
+    def to_files(self, hf_name: str, tensor: torch.Tensor) -> list[tuple[str, torch.Tensor]]:
+        """Every (GGUF name, values) one HF tensor becomes (one here; architectures whose converter
+        splits or drops tensors provide their own namer through ``name_map.namer``)."""
+        return [self.to_file(hf_name, tensor)]
+
     def to_file(self, hf_name: str, tensor: torch.Tensor) -> tuple[str, torch.Tensor]:
         """(GGUF name, values as llama.cpp stores them)."""
         name, leaf = self.gguf_name(hf_name)
@@ -90,3 +95,9 @@ def permute_rotary_rows(tensor: torch.Tensor, *, num_heads: int) -> torch.Tensor
     """Model row order -> llama.cpp's: the reader's ``unpermute_rotary_rows`` undoes exactly this."""
     order = rotary_row_order(tensor.shape[0], num_heads)  # model row i = file row order[i]
     return tensor.index_select(0, torch.argsort(order).to(tensor.device))
+
+
+def namer_for(name_map, config: ModelConfig, gguf_arch: str, packed_modules=None):
+    """The map's own namer if it has one (``name_map.namer(config, gguf_arch)``), else GGUFNamer."""
+    make = getattr(name_map, "namer", None)
+    return make(config, gguf_arch) if make is not None else GGUFNamer(name_map, config, packed_modules)

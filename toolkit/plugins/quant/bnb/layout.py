@@ -80,6 +80,9 @@ class SegmentedParameter(ModelParameter):
 
     def _load_placed(self, loaded, placement: Placement) -> None:
         layout = self.plan
+        if placement.axis == "output" and self._is_piece(loaded, placement):
+            self._stage_rows(loaded, placement)
+            return
         if placement.axis == "output":
             segment = layout.segment_at(placement.dest_offset)
             if placement.size != layout.segment_rows[segment] or layout.num_cols != layout.full_cols:
@@ -92,6 +95,44 @@ class SegmentedParameter(ModelParameter):
         self._load_region(loaded, region)
         self.loaded_shards.add(placement.shard_id)
 
+    # ---- a segment assembled from pieces ---------------------------------------------------------
+    # Some layers fill one segment from several row blocks, or from part of a larger checkpoint
+    # tensor (Gated DeltaNet: q, k and v rows inside one in_proj_qkv, or interleaved per key head).
+    # Dense rows are staged until the segment is complete, then quantized as one segment.
+    def _is_piece(self, loaded, placement: Placement) -> bool:
+        if not (isinstance(loaded, torch.Tensor) and loaded.is_floating_point()):
+            return False
+        offsets = [self.plan.row_offset(i) for i in range(len(self.plan.segment_rows))]
+        if placement.dest_offset not in offsets:
+            return True
+        segment = offsets.index(placement.dest_offset)
+        return placement.size != self.plan.segment_rows[segment] or loaded.shape[0] != self.plan.full_rows[segment]
+
+    def _stage_rows(self, loaded: torch.Tensor, placement: Placement) -> None:
+        layout = self.plan
+        offsets = [layout.row_offset(i) for i in range(len(layout.segment_rows))]
+        segment = max(i for i, offset in enumerate(offsets) if offset <= placement.dest_offset)
+        start = placement.dest_offset - offsets[segment]
+        if start + placement.size > layout.segment_rows[segment] or loaded.shape[1] != layout.full_cols:
+            raise ShapeMismatchError(f"{layout.prefix}: rows [{placement.dest_offset}, "
+                                     f"{placement.dest_offset + placement.size}) of {loaded.shape[1]} columns do not "
+                                     f"fit segment {segment}")
+        staged = self.__dict__.setdefault("_staged", {})
+        buffer, filled = staged.get(segment) or (torch.zeros(layout.segment_rows[segment], layout.full_cols,
+                                                             dtype=loaded.dtype), 0)
+        buffer[start:start + placement.size] = loaded[placement.source_start:placement.source_start + placement.size]
+        filled += placement.size
+        self.loaded_shards.add(placement.shard_id)
+        if filled < layout.segment_rows[segment]:
+            staged[segment] = (buffer, filled)
+            return
+        staged.pop(segment, None)
+        self.__dict__["_assembled"] = True  # this rank's rows only: the full-shape check does not apply
+        try:
+            self._load_region(buffer, Region(segment, slice(0, buffer.shape[0]), slice(0, layout.full_cols)))
+        finally:
+            self.__dict__["_assembled"] = False
+
     def _store_whole(self, loaded) -> None:
         layout = self.plan
         if len(layout.segment_rows) != 1:
@@ -102,7 +143,10 @@ class SegmentedParameter(ModelParameter):
         raise NotImplementedError
 
     def _check_source_shape(self, shape, region: Region, what: str) -> None:
-        expected = self.plan.expected_shape(region.segment)
+        if self.__dict__.get("_assembled"):
+            expected = (self.plan.segment_rows[region.segment], self.plan.full_cols)
+        else:
+            expected = self.plan.expected_shape(region.segment)
         if tuple(shape) != expected:
             raise ShapeMismatchError(f"{what} has shape {tuple(shape)}, but {self.plan.prefix} (segment "
                                      f"{region.segment}) needs {expected}")

@@ -1,0 +1,150 @@
+"""GGUF ``qwen35`` / ``qwen3next``: our writer's files against llama.cpp's converter and transformers.
+
+* Layout: the Qwen3.5 file ``toolkit convert`` writes has exactly the tensor names, shapes, F32
+  values (fingerprints) and ``qwen35.*`` metadata llama.cpp's own converter writes for the same
+  checkpoint (recorded in tests/data/llamacpp_hybrid_layout.json by the script beside it).
+  Qwen3-Next is not recorded: llama.cpp's qwen3next has MoE FFNs only, and the tiny model is dense.
+* F32: logits from our GGUF equal transformers' (<= 1e-4) and greedy generation matches;
+  GGUF -> safetensors gives back a checkpoint transformers loads with the same logits (Qwen3.5).
+* Q8_0: compared with transformers' model whose weights went through gguf-py's own
+  ``quantize``/``dequantize`` for exactly the tensors the file stores as Q8_0 (and float16
+  rounding for those it stores as F16) (rows are
+  quantized independently, so the converter's row reorders commute with it).
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import transformers as tf
+from gguf import GGMLQuantizationType as Q, GGUFReader, quants
+from hybrid_fixtures import KINDS, hf_greedy, prompt, save_hybrid
+
+import toolkit
+from toolkit.core.convert import convert
+
+LAYOUT = json.loads((Path(__file__).parent / "data" / "llamacpp_hybrid_layout.json").read_text())
+
+
+@pytest.fixture(scope="module", params=list(KINDS))
+def source(request, tmp_path_factory):
+    path = tmp_path_factory.mktemp(request.param)
+    return request.param, path, save_hybrid(path, request.param)
+
+
+def _gguf(source, tmp_path, qtype: str) -> Path:
+    _, path, _ = source
+    dest = tmp_path / f"model-{qtype}.gguf"
+    convert(path, dest, to=f"gguf:{qtype}")
+    return dest
+
+
+def _fingerprint(values) -> list[float]:
+    flat = np.asarray(values, dtype=np.float64).reshape(-1)
+    return [float(flat.sum()), float((flat * np.linspace(-1.0, 1.0, flat.size)).sum())]
+
+
+def test_qwen35_file_matches_llama_cpp_converter(tmp_path):
+    path = tmp_path / "src"
+    save_hybrid(path, "qwen3_5")
+    dest = tmp_path / "ours.gguf"
+    convert(path, dest, to="gguf:F32")
+    reader, expected = GGUFReader(str(dest)), LAYOUT["qwen3_5"]
+    ours = {t.name: t for t in reader.tensors}
+    assert sorted(ours) == sorted(expected["tensors"])
+    for name, want in expected["tensors"].items():
+        tensor = ours[name]
+        assert [int(d) for d in tensor.shape] == want["shape"], name
+        assert tensor.tensor_type.name == want["type"], name
+        np.testing.assert_allclose(_fingerprint(tensor.data), want["fingerprint"], rtol=1e-5, atol=1e-4,
+                                   err_msg=name)
+    for key, value in expected["metadata"].items():
+        assert key in reader.fields, key
+        got = reader.fields[key].contents()
+        if isinstance(value, float):
+            assert got == pytest.approx(value, rel=1e-6), key
+        else:
+            assert got == value, key
+
+
+def test_f32_logits_and_greedy_match_transformers(source, tmp_path):
+    _, _, hf = source
+    ours = toolkit.load(_gguf(source, tmp_path, "F32"), device="cpu")
+    ids = prompt(100)
+    with torch.no_grad():
+        expected = hf(ids[None]).logits[0]
+    assert (ours.logits(ids) - expected).abs().max().item() <= 1e-4
+    short = prompt(11, seed=3)
+    assert ours.generate(short, 12, stop_token_ids=[]) == hf_greedy(hf, short, 12)
+
+
+def test_gguf_back_to_safetensors(source, tmp_path):
+    kind, _, hf = source
+    back = tmp_path / "back"
+    convert(_gguf(source, tmp_path, "F32"), back, to="safetensors")
+    ids = prompt(70)
+    with torch.no_grad():
+        expected = hf(ids[None]).logits[0]
+    assert (toolkit.load(back, device="cpu").logits(ids) - expected).abs().max().item() <= 1e-4
+    if kind == "qwen3_5":  # Qwen3-Next comes back with split in_proj_qkv/z/b/a names transformers does not read
+        reread = tf.Qwen3_5ForCausalLM.from_pretrained(back).eval()
+        with torch.no_grad():
+            assert (reread(ids[None]).logits[0] - expected).abs().max().item() <= 1e-4
+
+
+# HF weight -> the GGUF tensor its rows land in (both layouts keep whole rows together)
+HF_TO_GGUF = {"linear_attn.in_proj_qkv": "attn_qkv", "linear_attn.in_proj_z": "attn_gate",
+              "linear_attn.in_proj_b": "ssm_beta", "linear_attn.in_proj_a": "ssm_alpha",
+              "linear_attn.in_proj_qkvz": "attn_qkv", "linear_attn.in_proj_ba": "ssm_ba",
+              "linear_attn.out_proj": "ssm_out", "linear_attn.conv1d": "ssm_conv1d", "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
+              "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate",
+              "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down"}
+
+
+def _file_type(types: dict, hf_name: str) -> str:
+    if hf_name == "model.embed_tokens.weight":
+        return types["token_embd.weight"]
+    if hf_name == "lm_head.weight":
+        return types["output.weight"]
+    parts = hf_name.split(".")
+    return types[f"blk.{parts[2]}.{HF_TO_GGUF['.'.join(parts[3:5])]}.weight"]
+
+
+def test_q8_0_matches_gguf_py_quantization(source, tmp_path):
+    _, path, hf = source
+    dest = _gguf(source, tmp_path, "Q8_0")
+    types = {t.name: t.tensor_type.name for t in GGUFReader(str(dest)).tensors}
+    assert "Q8_0" in types.values()
+    reference = type(hf).from_pretrained(path).eval()
+    with torch.no_grad():
+        for name, param in reference.named_parameters():
+            kind = _file_type(types, name) if param.dim() >= 2 else "F32"
+            if kind == "Q8_0":
+                packed = quants.quantize(param.numpy(), Q.Q8_0)
+                param.copy_(torch.from_numpy(quants.dequantize(packed, Q.Q8_0).reshape(param.shape)))
+            elif kind == "F16":  # rows that are not whole Q8_0 blocks fall back to F16
+                param.copy_(param.half().float())
+    ids = prompt(60)
+    with torch.no_grad():
+        expected, original = reference(ids[None]).logits[0], hf(ids[None]).logits[0]
+    got = toolkit.load(dest, device="cpu").logits(ids)
+    assert (got - expected).abs().max().item() <= 2e-5 * expected.abs().max().item() + 1e-5
+    assert (got - original).abs().max().item() > 1e-4  # the file really is quantized
+
+
+@pytest.mark.parametrize("head_dim", [32, 16])  # whole Q8_0 blocks per head: blocks move; else dequantized
+def test_value_head_column_reorder_of_packed_tensor(head_dim):
+    from toolkit.plugins.loaders.gguf.hybrid import _take_columns, grouped_from_tiled
+    from toolkit.plugins.loaders.gguf.tensor import GGUFTensor
+
+    rows, kh, nv = 3, 2, 4
+    values = np.random.default_rng(0).standard_normal((rows, nv * head_dim)).astype(np.float32)
+    packed = quants.quantize(values, Q.Q8_0)
+    tensor = GGUFTensor("t", int(Q.Q8_0), (rows, nv * head_dim), torch.from_numpy(packed.view(np.uint8)))
+    order = grouped_from_tiled(kh, nv, head_dim)
+    got = _take_columns(tensor, order, head_dim).to_dense()
+    expected = torch.from_numpy(quants.dequantize(packed, Q.Q8_0))[:, order]
+    torch.testing.assert_close(got, expected, atol=0, rtol=0)

@@ -1,0 +1,54 @@
+"""Qwen3.5 / Qwen3-Next at tp=2 (gloo, CPU, spawned workers) equal tp=1.
+
+Each rank holds one of the two linear-attention key heads with its two value heads (and their
+conv channels, A_log, dt_bias), so Qwen3-Next's per-key-head interleaved projections and
+Qwen3.5's split ones are both cut by heads.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+from hybrid_fixtures import KINDS, prompt, save_hybrid
+
+import toolkit
+
+
+@pytest.fixture(scope="module", autouse=True)
+def only_needed_plugins():
+    from toolkit.core.registry import reset_default_registry  # noqa: PLC0415
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("TOOLKIT_PLUGINS", "safetensors,unquantized,qwen3-hybrid,reference-kernels")
+        reset_default_registry()
+        yield
+    reset_default_registry()
+
+
+@pytest.mark.slow  # two spawned workers per case: ~15 s each on 2 cores
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_tp2_matches_tp1(kind, tmp_path):
+    save_hybrid(tmp_path, kind, seed=3)
+    ids = prompt(100, seed=4)
+    single = toolkit.load(tmp_path, device="cpu")
+    expected_logits, expected_tokens = single.logits(ids), single.generate(ids[:11], 8, stop_token_ids=[])
+    with toolkit.load(tmp_path, tp=2, device="cpu") as handle:
+        torch.testing.assert_close(handle.logits(ids), expected_logits, atol=1e-5, rtol=0)
+        assert handle.generate(ids[:11], 8, stop_token_ids=[]) == expected_tokens
+
+
+@pytest.mark.slow
+def test_engine_on_tp2_handle_matches_one_at_a_time(tmp_path):
+    """The engine driving a tp=2 handle: both ranks agree on blocks and state slots; greedy tokens of a
+    batch with chunked prefill equal tp=1 one-at-a-time generation."""
+    from toolkit import LLM, SamplingParams  # noqa: PLC0415
+
+    save_hybrid(tmp_path, "qwen3_5", seed=7)
+    prompts = [prompt(n, seed=20 + n).tolist() for n in (4, 45, 1)]
+    single = toolkit.load(tmp_path, device="cpu")
+    expected = [single.generate(p, 6, stop_token_ids=[]) for p in prompts]
+    with toolkit.load(tmp_path, tp=2, device="cpu") as handle:
+        with LLM(handle, max_num_seqs=4, max_num_batched_tokens=16, kv_cache_memory=1 << 20, max_model_len=128) as llm:
+            report = llm.memory_report()
+            outputs = llm.generate(prompts, SamplingParams(max_tokens=6, temperature=0, ignore_eos=True))
+    assert [o.token_ids for o in outputs] == expected
+    assert report["state_slots"] == 4 and report["recurrent_layers"] == 3

@@ -1,0 +1,209 @@
+"""Qwen3.5 and Qwen3-Next: hybrid decoders of Gated DeltaNet layers and gated full attention.
+
+Read from the config, never assumed: ``layer_types`` lists ``linear_attention`` (Gated
+DeltaNet, see gated_deltanet.py) or ``full_attention`` per layer (a config without it but with
+``full_attention_interval`` gets transformers' rule for that key). Full attention is gated:
+``q_proj`` yields per head ``[query | gate]`` and the attention output is multiplied by
+``sigmoid(gate)`` before ``o_proj``; per-head q/k RMSNorm; rotary on the first
+``partial_rotary_factor * head_dim`` features. Every RMSNorm except the GDN's gated one is
+zero-centred (``x * (1 + w)``).
+
+Qwen3.5's rotary is multimodal (MRoPE); for text all three position streams are the same
+position, which is ordinary RoPE. Of a ``Qwen3_5ForConditionalGeneration`` checkpoint only the
+language model (``model.language_model.``) is loaded; the vision tower is skipped.
+Multi-token-prediction weights (``mtp.*``) are skipped: they only serve speculative decoding,
+which toolkit does not do. Qwen3-Next checkpoints with sparse-MoE MLP layers are refused with
+a typed error (this file builds dense MLPs only).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from toolkit.core.arch import ModelArch
+from toolkit.core.config import ModelConfig, base_fields, eos_ids
+from toolkit.core.errors import CheckpointError, MissingMetadataError
+from toolkit.core.hookspecs import hookimpl
+from toolkit.core.layers import (Attention, AttentionMetadata, QKVParallelLinear, RMSNorm, RotaryEmbedding,
+                                 RowParallelLinear)
+from toolkit.core.names import HFNameMap, MappedName, NameContext
+from toolkit.core.params import require_divisible
+
+from .decoder import PACKED_MODULES, CausalLM, DecoderModel, GatedMLP
+from .gated_deltanet import IN_PROJ_MEMBERS, GatedDeltaNet
+
+LINEAR, FULL = "linear_attention", "full_attention"
+NORM_OFFSET = 1.0
+DEFAULT_PARTIAL_ROTARY = 0.25  # transformers' default for both families
+HYBRID_PACKED = {**PACKED_MODULES, "in_proj": IN_PROJ_MEMBERS}
+
+
+@dataclass
+class HybridConfig(ModelConfig):
+    layer_types: tuple[str, ...] = ()
+    partial_rotary_factor: float = DEFAULT_PARTIAL_ROTARY
+    linear_num_key_heads: int = 16
+    linear_num_value_heads: int = 32
+    linear_key_head_dim: int = 128
+    linear_value_head_dim: int = 128
+    linear_conv_kernel_dim: int = 4
+
+
+# ---- config ------------------------------------------------------------------------------
+def text_config(hf: dict) -> dict:
+    """A Qwen3_5ForConditionalGeneration config keeps the language model in ``text_config``."""
+    nested = hf.get("text_config")
+    if not nested:
+        return hf
+    shared = {key: hf[key] for key in ("tie_word_embeddings", "torch_dtype", "dtype", "eos_token_id",
+                                       "bos_token_id") if hf.get(key) is not None}
+    return {**shared, **nested}
+
+
+def layer_types(hf: dict, num_layers: int) -> tuple[str, ...]:
+    given = hf.get("layer_types")
+    if given is None and hf.get("full_attention_interval"):
+        interval = int(hf["full_attention_interval"])
+        given = [LINEAR if (i + 1) % interval else FULL for i in range(num_layers)]
+    if given is None:
+        raise MissingMetadataError("a hybrid config needs layer_types (or full_attention_interval)", file="config")
+    if len(given) != num_layers or set(given) - {LINEAR, FULL}:
+        raise CheckpointError(f"layer_types must list {num_layers} entries of {LINEAR!r}/{FULL!r}, got {given!r}",
+                              file="config")
+    return tuple(given)
+
+
+def config_from_hf(family: str, hf_config: dict) -> HybridConfig:
+    """The ``family`` ("qwen3_5" or "qwen3_next") config from an HF-vocabulary dict."""
+    return _builder_config(family)(hf_config)
+
+
+def _builder_config(family: str):
+    def config_from(hf_config: dict) -> HybridConfig:
+        hf = text_config(hf_config)
+        fields = base_fields(hf, family)
+        fields["eos_token_ids"] = eos_ids(hf.get("eos_token_id"))
+        rope = hf.get("rope_parameters") or {}
+        partial = rope.get("partial_rotary_factor", hf.get("partial_rotary_factor", DEFAULT_PARTIAL_ROTARY))
+        types = layer_types(hf, fields["num_layers"])
+        if family == "qwen3_next":
+            _refuse_moe(hf, len(types))
+        return HybridConfig(**fields, layer_types=types, partial_rotary_factor=float(partial),
+                            linear_num_key_heads=int(hf.get("linear_num_key_heads", 16)),
+                            linear_num_value_heads=int(hf.get("linear_num_value_heads", 32)),
+                            linear_key_head_dim=int(hf.get("linear_key_head_dim", 128)),
+                            linear_value_head_dim=int(hf.get("linear_value_head_dim", 128)),
+                            linear_conv_kernel_dim=int(hf.get("linear_conv_kernel_dim", 4)))
+
+    return config_from
+
+
+def _refuse_moe(hf: dict, num_layers: int) -> None:
+    experts, step = int(hf.get("num_experts") or 0), int(hf.get("decoder_sparse_step") or 1)
+    dense = set(hf.get("mlp_only_layers") or ())
+    sparse = [i for i in range(num_layers) if i not in dense and experts > 0 and (i + 1) % step == 0]
+    if sparse:
+        raise CheckpointError(f"Qwen3-Next with sparse-MoE MLP layers ({len(sparse)} of {num_layers}) is not "
+                              "supported by this architecture plugin (dense-MLP Qwen3-Next only)", file="config")
+
+
+# ---- model -------------------------------------------------------------------------------
+class GatedAttention(nn.Module):
+    """Full attention whose q_proj also yields a sigmoid output gate per head."""
+
+    def __init__(self, config: HybridConfig, *, quant, parallel, prefix: str):
+        super().__init__()
+        hd, dtype = config.head_dim, quant.params_dtype
+        require_divisible(config.num_heads, parallel.tp_size, f"{prefix} attention heads")
+        # q_proj rows are [query | gate] per head: as 2 * heads "heads" they split by whole pairs
+        self.qkv_proj = QKVParallelLinear(config.hidden_size, hd, 2 * config.num_heads, config.num_kv_heads,
+                                          quant=quant, parallel=parallel, prefix=f"{prefix}.qkv_proj")
+        self.o_proj = RowParallelLinear(config.num_heads * hd, config.hidden_size, quant=quant, parallel=parallel,
+                                        prefix=f"{prefix}.o_proj")
+        self.q_norm = RMSNorm(hd, config.rms_norm_eps, weight_offset=NORM_OFFSET, dtype=dtype)
+        self.k_norm = RMSNorm(hd, config.rms_norm_eps, weight_offset=NORM_OFFSET, dtype=dtype)
+        self.rotary = RotaryEmbedding(hd, base=config.rope_theta, scaling=config.rope_scaling,
+                                      rotary_dim=int(hd * config.partial_rotary_factor))
+        self.num_heads, self.head_dim = self.qkv_proj.num_heads // 2, hd
+        self.attn = Attention(self.num_heads, self.qkv_proj.num_kv_heads, hd, scale=hd ** -0.5)
+
+    def forward(self, positions: torch.Tensor, hidden: torch.Tensor, attn: AttentionMetadata) -> torch.Tensor:
+        tokens, hd = hidden.shape[0], self.head_dim
+        query_gate, k, v = self.qkv_proj.split(self.qkv_proj(hidden))
+        query_gate = query_gate.reshape(tokens, self.num_heads, 2 * hd)
+        q, gate = query_gate[..., :hd], query_gate[..., hd:].reshape(tokens, -1)
+        q = self.q_norm(q).reshape(tokens, -1)
+        k = self.k_norm(k.reshape(tokens, -1, hd)).reshape(tokens, -1)
+        q, k = self.rotary(positions, q, k)
+        return self.o_proj(self.attn(q, k, v, attn) * torch.sigmoid(gate))
+
+
+class HybridDecoderLayer(nn.Module):
+    """x + mixer(norm(x)), then x + mlp(norm(x)); the mixer is GDN or gated attention per layer_types."""
+
+    def __init__(self, config: HybridConfig, index: int, *, quant, parallel, prefix: str):
+        super().__init__()
+        dtype = quant.params_dtype
+        self.is_linear = config.layer_types[index] == LINEAR
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, weight_offset=NORM_OFFSET, dtype=dtype)
+        if self.is_linear:
+            self.linear_attn = GatedDeltaNet(config, quant=quant, parallel=parallel, prefix=f"{prefix}.linear_attn")
+        else:
+            self.self_attn = GatedAttention(config, quant=quant, parallel=parallel, prefix=f"{prefix}.self_attn")
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, weight_offset=NORM_OFFSET,
+                                                dtype=dtype)
+        self.mlp = GatedMLP(config, quant=quant, parallel=parallel, prefix=f"{prefix}.mlp")
+
+    def forward(self, positions: torch.Tensor, hidden: torch.Tensor, attn: AttentionMetadata) -> torch.Tensor:
+        normed = self.input_layernorm(hidden)
+        mixed = self.linear_attn(normed, attn) if self.is_linear else self.self_attn(positions, normed, attn)
+        hidden = hidden + mixed
+        return hidden + self.mlp(self.post_attention_layernorm(hidden))
+
+
+def build(config: HybridConfig, quant, parallel) -> CausalLM:
+    def make_layer(index: int, prefix: str) -> HybridDecoderLayer:
+        return HybridDecoderLayer(config, index, quant=quant, parallel=parallel, prefix=prefix)
+
+    model = DecoderModel(config, make_layer, quant=quant, parallel=parallel, norm_offset=NORM_OFFSET)
+    return CausalLM(config, model, quant=quant, parallel=parallel)
+
+
+# ---- checkpoint names --------------------------------------------------------------------
+LANGUAGE_MODEL_PREFIX, CANONICAL_PREFIX = "model.language_model.", "model."
+SKIPPED_PREFIXES = ("mtp.", "model.mtp.", "model.visual.", "visual.")
+
+
+@dataclass(frozen=True)
+class HybridSafetensorsNames:
+    """HF names; a multimodal checkpoint's language model unwrapped, vision and MTP weights skipped."""
+
+    architecture: str
+    format: str = "safetensors"
+
+    def map(self, name: str, context: NameContext) -> MappedName | None:
+        if name.startswith(SKIPPED_PREFIXES):
+            return None
+        if name.startswith(LANGUAGE_MODEL_PREFIX):
+            name = CANONICAL_PREFIX + name[len(LANGUAGE_MODEL_PREFIX):]
+        return HFNameMap(self.format).map(name, context)
+
+
+QWEN3_5 = ModelArch(name="qwen3_5", config_from=_builder_config("qwen3_5"), build=build, packed_modules=HYBRID_PACKED,
+                    aliases=("Qwen3_5ForCausalLM", "qwen3_5_text", "Qwen3_5ForConditionalGeneration", "qwen3_5"))
+QWEN3_NEXT = ModelArch(name="qwen3_next", config_from=_builder_config("qwen3_next"), build=build,
+                       packed_modules=HYBRID_PACKED, aliases=("Qwen3NextForCausalLM",))
+
+
+@hookimpl
+def register_architectures(register):
+    register(QWEN3_5)
+    register(QWEN3_NEXT)
+
+
+@hookimpl
+def register_name_maps(register):
+    register(HybridSafetensorsNames("qwen3_5"))
+    register(HybridSafetensorsNames("qwen3_next"))
