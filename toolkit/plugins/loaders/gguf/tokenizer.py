@@ -1,13 +1,20 @@
-"""A fast tokenizer built straight from GGUF metadata (``tokenizer.ggml.*``).
+"""A fast tokenizer built straight from GGUF metadata (``tokenizer.ggml.*``) that encodes as llama.cpp does.
 
-The vocabulary, scores, token types and merges go directly into a ``tokenizers.Tokenizer``
-(Rust), wrapped in ``transformers.PreTrainedTokenizerFast`` with the file's special tokens and
-chat template. Two families, chosen by ``tokenizer.ggml.model``:
+The vocabulary, scores, token types and merges go into a ``tokenizers.Tokenizer`` (Rust),
+wrapped in ``transformers.PreTrainedTokenizerFast`` with the file's special tokens and chat
+template. The family follows ``tokenizer.ggml.model``, as in llama.cpp:
 
-* ``llama``: SentencePiece BPE (Llama 2, Gemma): ``▁`` for spaces, byte fallback. Files rarely
-  store merges, so they are derived from the vocabulary (see ``merges.py``).
-* ``gpt2``: byte-level BPE (Llama 3, Qwen) with the file's merges and the split regex its
-  ``tokenizer.ggml.pre`` names.
+* ``llama``: SentencePiece (Llama 2, Gemma 3): ``▁`` for spaces, byte fallback, pieces merged
+  best score first. Files rarely store merges, so they are derived from the scores (``merges.py``).
+* ``gpt2`` (and ``gemma4``, ``whitespace``): BPE with the file's merges, the text split first by
+  the regexes its ``tokenizer.ggml.pre`` names (``pretokenizers.py``); byte-level unless that
+  pre-tokenizer keeps UTF-8 (SentencePiece-style vocabularies written as ``gpt2``).
+* ``bert``: WordPiece (``wordpiece.py``); ``t5``: Unigram (``unigram.py``).
+
+Building the Rust tokenizer is the costly part for large vocabularies; ``tokenizer_cache.py``
+keeps the built one on disk keyed by the metadata it came from. ``build_backend`` is the
+construction step alone (metadata already validated), ``build_tokenizer`` adds the cache and
+the transformers wrapper.
 """
 from __future__ import annotations
 
@@ -16,123 +23,171 @@ import warnings
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, normalizers, pre_tokenizers
 from tokenizers.models import BPE
 
-from .merges import byte_level_alphabet, sentencepiece_merges
+from .merges import sentencepiece_merges
 from .metadata import Metadata
+from .pretokenizers import GPT2, LLAMA3, QWEN2, PreTokenizer, pre_tokenizer_for
 
-CONTROL, USER_DEFINED = 3, 4  # llama.cpp token types
+NORMAL, CONTROL, USER_DEFINED = 1, 3, 4  # llama.cpp token types
 SPACE = "\u2581"  # SentencePiece's visible space
 GEMMA_ARCHS = ("gemma", "gemma2", "gemma3")
-
-# Split regexes of byte-level vocabularies, by tokenizer.ggml.pre (the pattern the merges were learned on).
-_WORDS = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+"
-_TAIL = r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
-LLAMA3_SPLIT = _WORDS + r"|\p{N}{1,3}" + _TAIL
-QWEN2_SPLIT = _WORDS + r"|\p{N}" + _TAIL
-PRE_TOKENIZER_SPLITS = {"llama3": LLAMA3_SPLIT, "llama-v3": LLAMA3_SPLIT, "llama-bpe": LLAMA3_SPLIT,
-                        "smaug-bpe": LLAMA3_SPLIT, "dbrx": LLAMA3_SPLIT, "qwen2": QWEN2_SPLIT,
-                        "deepseek-r1-qwen": QWEN2_SPLIT}
+# kept for callers that name a split by its regex
+LLAMA3_SPLIT, QWEN2_SPLIT, GPT2_SPLIT = LLAMA3, QWEN2, GPT2
+BPE_MODELS = ("gpt2", "gemma4", "whitespace")
 
 
 def build_tokenizer(metadata: Metadata):
     """A ``PreTrainedTokenizerFast`` for the file, or None (with a warning) if it has no usable vocabulary."""
     if "tokenizer.ggml.tokens" not in metadata:
         return None
-    kind = metadata.get("tokenizer.ggml.model", "llama")
-    builders = {"llama": _sentencepiece, "gpt2": _byte_level}
-    if kind not in builders:
-        warnings.warn(f"{metadata.file}: GGUF tokenizer model {kind!r} is not supported "
-                      f"({', '.join(builders)}); pass --tokenizer to use another", stacklevel=2)
+    from .tokenizer_cache import cached_backend  # noqa: PLC0415 - avoids an import cycle
+
+    backend = cached_backend(metadata, build_backend)
+    if backend is None:
         return None
-    tokens = list(metadata["tokenizer.ggml.tokens"])
-    backend, tokens = builders[kind](metadata, tokens)
-    _add_marked_tokens(backend, tokens, metadata, byte_level=kind == "gpt2")
-    return _wrap(backend, tokens, metadata)
+    return _wrap(backend, metadata)
 
 
-def _sentencepiece(metadata: Metadata, tokens: list[str]) -> tuple[Tokenizer, list[str]]:
+def build_backend(metadata: Metadata) -> Tokenizer | None:
+    """The ``tokenizers.Tokenizer`` for the file's vocabulary (None, with a warning, if its model is unknown)."""
+    kind = metadata.get("tokenizer.ggml.model", "llama")
+    if kind in BPE_MODELS:
+        label = "gemma4" if kind == "gemma4" else "whitespace" if kind == "whitespace" \
+            else metadata.get("tokenizer.ggml.pre")
+        pre, warning = pre_tokenizer_for(label)
+        if warning:
+            warnings.warn(f"{metadata.file}: {warning}", stacklevel=3)
+        build = _byte_level if pre.byte_encode else _utf8_bpe
+        return build(metadata, list(metadata["tokenizer.ggml.tokens"]), pre)
+    if kind == "llama":
+        return _sentencepiece(metadata, list(metadata["tokenizer.ggml.tokens"]))
+    if kind == "bert":
+        from .wordpiece import wordpiece  # noqa: PLC0415
+        return wordpiece(metadata, list(metadata["tokenizer.ggml.tokens"]))
+    if kind == "t5":
+        from .unigram import unigram  # noqa: PLC0415
+        return unigram(metadata, list(metadata["tokenizer.ggml.tokens"]))
+    warnings.warn(f"{metadata.file}: GGUF tokenizer model {kind!r} is not supported "
+                  f"(llama, {', '.join(BPE_MODELS)}, bert, t5); pass --tokenizer to use another", stacklevel=3)
+    return None
+
+
+def _sentencepiece(metadata: Metadata, tokens: list[str]) -> Tokenizer:
     is_gemma = metadata.get("general.architecture") in GEMMA_ARCHS
     if is_gemma:
         # llama.cpp stores Gemma's all-space tokens with real spaces; the text side spells them "▁".
         tokens = [SPACE * len(t) if t and not t.strip(" ") else t for t in tokens]
-    vocab = {token: index for index, token in enumerate(tokens)}
+    vocab = _vocab(tokens)
     unk_id = metadata.get("tokenizer.ggml.unknown_token_id")
     # byte fallback spells any character the vocabulary lacks, so the unk token is a formality
-    backend = Tokenizer(BPE(vocab=vocab, merges=_sentencepiece_merges(metadata, tokens, vocab, is_gemma),
+    backend = Tokenizer(BPE(vocab=vocab, merges=_sentencepiece_merges(metadata, tokens, vocab),
                             fuse_unk=True, byte_fallback=True, dropout=None,
-                            unk_token=tokens[unk_id] if unk_id is not None else None))
+                            unk_token=tokens[unk_id] if unk_id is not None and unk_id < len(tokens) else None))
     steps = [decoders.Replace(SPACE, " "), decoders.ByteFallback(), decoders.Fuse()]
-    if is_gemma:  # no prefix space; every space becomes "▁" before BPE
+    # llama.cpp: a leading space unless the file says otherwise; every space becomes "▁" before merging
+    prefix = bool(metadata.get("tokenizer.ggml.add_space_prefix", True))
+    if prefix:
+        backend.normalizer = normalizers.Sequence([normalizers.Prepend(" "), normalizers.Replace(" ", SPACE)])
+        steps.append(decoders.Strip(content=" ", left=1))
+    else:
         backend.normalizer = normalizers.Replace(" ", SPACE)
-    else:
-        prefix = bool(metadata.get("tokenizer.ggml.add_space_prefix", True))
-        backend.pre_tokenizer = pre_tokenizers.Metaspace(replacement=SPACE, prepend_scheme="first" if prefix
-                                                         else "never", split=False)
-        steps += [decoders.Strip(content=" ", left=1)] if prefix else []
     backend.decoder = decoders.Sequence(steps)
-    return backend, tokens
+    _add_marked_tokens(backend, tokens, metadata)
+    return backend
 
 
-def _sentencepiece_merges(metadata: Metadata, tokens: list[str], vocab: dict[str, int],
-                          is_gemma: bool) -> list[tuple[str, str]]:
-    """The file's merges if it has them; else derived from the scores (Gemma: from the file order,
-    which its merge order follows while its scores do not)."""
-    if "tokenizer.ggml.merges" in metadata:
-        return [tuple(m.split(" ", 1)) for m in metadata["tokenizer.ggml.merges"]]
-    if is_gemma:
-        scores = {token: -index for index, token in enumerate(tokens)}
-    else:
-        scores = dict(zip(tokens, metadata["tokenizer.ggml.scores"]))
-    return sentencepiece_merges(vocab, scores)
+def _vocab(tokens: list[str]) -> dict[str, int]:
+    """token -> id; a token spelled twice keeps its last id, as llama.cpp's text_to_token does."""
+    return {token: index for index, token in enumerate(tokens)}
 
 
-def _byte_level(metadata: Metadata, tokens: list[str]) -> tuple[Tokenizer, list[str]]:
-    alphabet, spell = byte_level_alphabet()
-    # a token with characters outside the byte alphabet (a raw special token) is spelled in it
-    tokens = [t if set(t) <= alphabet else "".join(spell[b] for b in t.encode("utf-8")) for t in tokens]
-    vocab = {token: index for index, token in enumerate(tokens)}
-    merges = [tuple(m.split(" ", 1)) for m in metadata.get("tokenizer.ggml.merges", [])]
-    backend = Tokenizer(BPE(vocab=vocab, merges=merges, dropout=None, continuing_subword_prefix="",
-                            end_of_word_suffix="", fuse_unk=False))
-    split = PRE_TOKENIZER_SPLITS.get(metadata.get("tokenizer.ggml.pre"))
-    if split is None:
-        backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    else:
-        backend.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(split), behavior="isolated"),
-                                                         pre_tokenizers.ByteLevel(add_prefix_space=False,
-                                                                                  use_regex=False)])
+def _sentencepiece_merges(metadata: Metadata, tokens: list[str], vocab: dict[str, int]) -> list[tuple[str, str]]:
+    """The merges llama.cpp's score-driven SentencePiece merging follows: every split of a piece into
+    two pieces, best score of the whole first (ties: earlier token first)."""
+    scores = metadata.get("tokenizer.ggml.scores")
+    if scores is None:  # no scores: llama.cpp scores every piece 0.0; file order then breaks ties
+        scores = [0.0] * len(tokens)
+    ranked: dict[str, float] = {}
+    for token, score in zip(tokens, scores):
+        ranked.setdefault(token, float(score))
+    return sentencepiece_merges(vocab, ranked)
+
+
+def _bpe_merges(metadata: Metadata, vocab: dict[str, int]) -> list[tuple[str, str]]:
+    """The file's merges in rank order, without those ``tokenizers`` cannot hold (a side or the
+    result missing from the vocabulary: llama.cpp's merge would only lead to byte tokens)."""
+    merges = []
+    for merge in metadata.get("tokenizer.ggml.merges", []):
+        cut = merge.find(" ", 1)  # llama.cpp splits at the first space after the first character
+        if cut < 0:
+            continue
+        left, right = merge[:cut], merge[cut + 1:]
+        if left in vocab and right in vocab and left + right in vocab:
+            merges.append((left, right))
+    return merges
+
+
+def _splits(pre: PreTokenizer) -> list:
+    return [pre_tokenizers.Split(Regex(regex), behavior="isolated") for regex in pre.regexes]
+
+
+def _byte_level(metadata: Metadata, tokens: list[str], pre: PreTokenizer) -> Tokenizer:
+    # tokens are looked up as spelled, like llama.cpp: a normal token outside the byte alphabet is
+    # never produced by byte-level BPE; control and user-defined ones are matched in the raw text
+    vocab = _vocab(tokens)
+    backend = Tokenizer(BPE(vocab=vocab, merges=_bpe_merges(metadata, vocab), dropout=None,
+                            continuing_subword_prefix="", end_of_word_suffix="", fuse_unk=False,
+                            ignore_merges=pre.ignore_merges))
+    backend.pre_tokenizer = pre_tokenizers.Sequence(_splits(pre) + [
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
     backend.decoder = decoders.ByteLevel()
-    return backend, tokens
+    _add_marked_tokens(backend, tokens, metadata)
+    return backend
 
 
-def _add_marked_tokens(backend: Tokenizer, tokens: list[str], metadata: Metadata, *, byte_level: bool) -> None:
+def _utf8_bpe(metadata: Metadata, tokens: list[str], pre: PreTokenizer) -> Tokenizer:
+    """BPE over raw UTF-8 with ``<0xXX>`` byte fallback (a SentencePiece-style vocabulary in a
+    ``gpt2`` file: Gemma 4, or llama.cpp's converter given a SentencePiece tokenizer.json)."""
+    vocab = _vocab(tokens)
+    backend = Tokenizer(BPE(vocab=vocab, merges=_bpe_merges(metadata, vocab), dropout=None, byte_fallback=True,
+                            fuse_unk=False, ignore_merges=pre.ignore_merges))
+    if pre.escape_whitespace:
+        backend.normalizer = normalizers.Replace(" ", SPACE)
+    backend.pre_tokenizer = pre_tokenizers.Sequence(_splits(pre))
+    backend.decoder = decoders.Sequence([decoders.Replace(SPACE, " "), decoders.ByteFallback(), decoders.Fuse()])
+    _add_marked_tokens(backend, tokens, metadata)
+    return backend
+
+
+def _add_marked_tokens(backend: Tokenizer, tokens: list[str], metadata: Metadata) -> None:
     """Control tokens become special added tokens, user-defined ones plain added tokens: both are
-    matched whole in the text (llama.cpp does the same), never cut by BPE."""
+    matched whole in the text (llama-tokenize parses special tokens by default), never cut by BPE."""
     types = metadata.get("tokenizer.ggml.token_type")
     if types is None:
         return
-    alphabet = byte_level_alphabet()[0] if byte_level else None
-    # a byte-level "control" token outside the alphabet is a mislabel; adding it would grow the vocab
     control = [AddedToken(t, normalized=False, special=True) for t, kind in zip(tokens, types)
-               if kind == CONTROL and (alphabet is None or set(t) <= alphabet)]
-    user = [AddedToken(t, normalized=False, special=False) for t, kind in zip(tokens, types) if kind == USER_DEFINED]
+               if kind == CONTROL and t]
+    user = [AddedToken(t, normalized=False, special=False) for t, kind in zip(tokens, types)
+            if kind == USER_DEFINED and t]
     backend.add_special_tokens(control)
     backend.add_tokens(user)
 
 
-def _wrap(backend: Tokenizer, tokens: list[str], metadata: Metadata):
+def _wrap(backend: Tokenizer, metadata: Metadata):
     from transformers import PreTrainedTokenizerFast  # noqa: PLC0415 - heavy import, only when building
+
+    size = backend.get_vocab_size(with_added_tokens=True)
 
     def token(key: str) -> str | None:
         index = metadata.get(f"tokenizer.ggml.{key}")
-        return tokens[index] if index is not None and 0 <= index < len(tokens) else None
+        return backend.id_to_token(index) if index is not None and 0 <= index < size else None
 
-    is_sentencepiece = metadata.get("tokenizer.ggml.model", "llama") == "llama"
+    kind = metadata.get("tokenizer.ggml.model", "llama")
     options = dict(
         bos_token=token("bos_token_id"), eos_token=token("eos_token_id"),
         unk_token=token("unknown_token_id"), pad_token=token("padding_token_id"),
-        # llama.cpp adds BOS to SentencePiece vocabularies unless the file says otherwise
-        add_bos_token=bool(metadata.get("tokenizer.ggml.add_bos_token", is_sentencepiece)),
-        add_eos_token=bool(metadata.get("tokenizer.ggml.add_eos_token", False)),
+        # llama.cpp adds BOS to SentencePiece and WordPiece vocabularies unless the file says otherwise
+        add_bos_token=bool(metadata.get("tokenizer.ggml.add_bos_token", kind in ("llama", "bert"))),
+        add_eos_token=bool(metadata.get("tokenizer.ggml.add_eos_token", kind == "t5")),
         chat_template=metadata.get("tokenizer.chat_template"), clean_up_tokenization_spaces=False)
     # ``tokenizer_object=`` deep-copies the backend (a JSON round trip: ~5 s for 262k tokens). A
     # wrapper whose backend is already set adopts it as is; older transformers refuse that, so fall back.
