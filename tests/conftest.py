@@ -77,3 +77,17 @@ def fresh_registry():
     reset_default_registry()
     yield
     reset_default_registry()
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _private_tokenizer_cache(tmp_path_factory):
+    """Built GGUF tokenizers are cached under a session folder, never the user's cache."""
+    import os  # noqa: PLC0415
+
+    previous = os.environ.get("TOOLKIT_TOKENIZER_CACHE")
+    os.environ["TOOLKIT_TOKENIZER_CACHE"] = str(tmp_path_factory.mktemp("tokenizer-cache"))
+    yield
+    if previous is None:
+        os.environ.pop("TOOLKIT_TOKENIZER_CACHE", None)
+    else:
+        os.environ["TOOLKIT_TOKENIZER_CACHE"] = previous

@@ -30,10 +30,18 @@ def reference_tokenizer(path):
     return AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
 
 
-def assert_same_tokenizer(ours, reference):
+def llama_cpp_differs(text: str) -> bool:
+    """Texts where llama.cpp (our reference, see test_gguf_llamacpp_ids.py) and transformers part
+    ways on SentencePiece vocabularies: llama.cpp prefixes a space to text that already starts
+    with one, and to text after a special token; transformers' Metaspace does neither."""
+    return text[:1].isspace() or "<s>" in text
+
+
+def assert_same_tokenizer(ours, reference, *, ignore=None):
     for text in TEXTS:
         ids = reference.encode(text)
-        assert ours.encode(text) == ids, text
+        if ignore is None or not ignore(text):
+            assert ours.encode(text) == ids, text
         for skip in (False, True):
             assert ours.decode(ids, skip_special_tokens=skip) == reference.decode(ids, skip_special_tokens=skip), text
     for attr in ("bos_token", "eos_token", "unk_token"):
@@ -55,7 +63,7 @@ def test_tokenizer_matches_transformers(case, tmp_path):
     path = write_model(tmp_path / "t.gguf", spec, vocab=vocab(), chat_template=CHAT)
     ours = GGUFCheckpoint([path]).tokenizer()
     reference = reference_tokenizer(path)
-    assert_same_tokenizer(ours, reference)
+    assert_same_tokenizer(ours, reference, ignore=llama_cpp_differs if case.startswith("sentencepiece") else None)
     messages = [{"role": "user", "content": "kalomi nerusa?"}]
     assert ours.apply_chat_template(messages, add_generation_prompt=True, tokenize=False) == \
         reference.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)

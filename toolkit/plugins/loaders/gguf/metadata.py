@@ -41,6 +41,10 @@ class Metadata(Mapping[str, Any]):
             raise MissingMetadataError(f"required GGUF metadata key {key!r} is missing", file=self.file)
         return self[key]
 
+    def field(self, key: str):
+        """gguf-py's ``ReaderField`` for ``key`` (its raw parts, undecoded)."""
+        return self._fields[key]
+
     def is_array(self, key: str) -> bool:
         field = self._fields.get(key)
         return field is not None and bool(field.types) and field.types[0] == GGUFValueType.ARRAY

@@ -59,6 +59,8 @@ class PreTokenizer:
     byte_encode: bool = True          # False: raw UTF-8 pieces, <0xXX> byte fallback
     escape_whitespace: bool = False   # spaces become "▁" before splitting
     ignore_merges: bool = False       # a piece that is a whole token is not merged
+    add_bos: bool | None = None       # llama.cpp's add-BOS default for the type (None: the model's)
+    force_bos: bool = False           # add BOS even when the file says not to (llama.cpp's Gemma 4 rule)
 
 
 def _type(name, *regexes, **flags) -> PreTokenizer:
@@ -68,12 +70,12 @@ def _type(name, *regexes, **flags) -> PreTokenizer:
 _STARCODER = _type("starcoder", r"\p{N}", GPT2)
 _GPT2 = _type("gpt2", GPT2)
 _QWEN2 = _type("qwen2", QWEN2)
-_LLAMA3 = _type("llama3", LLAMA3, ignore_merges=True)
+_LLAMA3 = _type("llama3", LLAMA3, ignore_merges=True, add_bos=True)
 _CHATGLM4 = _type("chatglm4", LLAMA3)
 _DEEPSEEK3 = _type("deepseek3", r"\p{N}{1,3}", _HAN_KANA,
                    _PUNCT_WORDS + r"|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+| ?[\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 _GPT4O = _type("gpt4o", GPT4O)
-_GEMMA4 = _type("gemma4", NEWLINES, byte_encode=False, escape_whitespace=True)
+_GEMMA4 = _type("gemma4", NEWLINES, byte_encode=False, escape_whitespace=True, add_bos=True, force_bos=True)
 _PORO = _type("poro", _PORO_SPLIT)
 #: the type llama.cpp uses when a byte-level file names no pre-tokenizer
 DEFAULT = _type("default", r"[\p{P}\$\+<=>\^~\|]+", GPT2, r"\p{N}+", "[0-9][0-9][0-9]")
@@ -114,9 +116,9 @@ PRE_TOKENIZERS: dict[str, PreTokenizer] = {
     "chatglm-bpe": _CHATGLM4,
     **dict.fromkeys(("glm4", "glm5"), _type("glm4", LLAMA3, ignore_merges=True)),
     "viking": _type("viking", _PORO_SPLIT, r"\p{N}"),
-    "tekken": _type("tekken", TEKKEN, ignore_merges=True),
+    "tekken": _type("tekken", TEKKEN, ignore_merges=True, add_bos=True),
     "chameleon": _type("chameleon", r"<sentinel:[0-9]+>", r"(IMGIMG)((A|B|C|D|E|F|G|H|I){1,4})Z",
-                       r"([\t\n]|    |  )", r"\p{N}", r"[\p{P}!-/:-@\[-`{-~]", GPT2),
+                       r"([\t\n]|    |  )", r"\p{N}", r"[\p{P}!-/:-@\[-`{-~]", GPT2, add_bos=True),
     **dict.fromkeys(("gpt-4o", "llama4", "kanana2", "talkie", "minimax-m2"), _GPT4O),
     "granite-embed-multi-97m": _type("granite-emb-multi", GRANITE_EMB_MULTI, ignore_merges=True),
     **dict.fromkeys(("tiny_aya", "cohere2moe"), _type("tiny_aya", DIGITS_BY_THREE, TINY_AYA)),
@@ -151,3 +153,20 @@ def pre_tokenizer_for(label: str | None) -> tuple[PreTokenizer, str | None]:
         return known, None
     return DEFAULT, (f"unknown tokenizer.ggml.pre {label!r} (llama.cpp refuses it); splitting text with "
                      "llama.cpp's 'default' pre-tokenizer instead")
+
+
+# Token texts llama.cpp treats as control tokens whatever type the file gives them (end-of-turn,
+# end-of-generation and fill-in-the-middle markers it recognizes by spelling): they are matched
+# whole in text like any control token.
+CONTROL_TEXTS = frozenset((
+    "</s>", "<EOT>", "<MID>", "<PAD>", "<PRE>", "<REPO>", "<SUF>", "<end_of_turn>", "<end_of_utterance>", "<eos>",
+    "<fim-middle>", "<fim-pad>", "<fim-prefix>", "<fim-repo>", "<fim-suffix>", "<fim_middle>", "<fim_pad>",
+    "<fim_prefix>", "<fim_suffix>", "<reponame>", "<turn|>", "<|calls|>", "<|call|>", "<|code_middle|>",
+    "<|code_prefix|>", "<|code_suffix|>", "<|end_of_text|>", "<|endoftext|>", "<|end|>", "<|eom_id|>", "<|eot_id|>",
+    "<|file_sep|>", "<|fim_middle|>", "<|fim_pad|>", "<|fim_prefix|>", "<|fim_repo|>", "<|fim_suffix|>",
+    "<|flush|>", "<|im_end|>", "<|middle|>", "<|prefix|>", "<|repo_name|>", "<|return|>", "<|suffix|>",
+    "<|tool_response>", "<\uff5cend\u2581of\u2581sentence\uff5c>", "<\uff5cfim\u2581begin\uff5c>",
+    "<\uff5cfim\u2581end\uff5c>", "<\uff5cfim\u2581hole\uff5c>", "[EOS]", "[EOT]", "[PAD]", "[e~[", "_<EOT>",
+    "\u2581<MID>", "\u2581<PRE>", "\u2581<SUF>"))
+# ...except "</s>" next to one of these, where llama.cpp keeps it a normal token
+PLAIN_END_MARKERS = ("<|tool_response>", "<|plamo:eos|>")

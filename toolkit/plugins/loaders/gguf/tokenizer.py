@@ -25,7 +25,7 @@ from tokenizers.models import BPE
 
 from .merges import sentencepiece_merges
 from .metadata import Metadata
-from .pretokenizers import GPT2, LLAMA3, QWEN2, PreTokenizer, pre_tokenizer_for
+from .pretokenizers import CONTROL_TEXTS, GPT2, LLAMA3, PLAIN_END_MARKERS, QWEN2, PreTokenizer, pre_tokenizer_for
 
 NORMAL, CONTROL, USER_DEFINED = 1, 3, 4  # llama.cpp token types
 SPACE = "\u2581"  # SentencePiece's visible space
@@ -161,11 +161,12 @@ def _utf8_bpe(metadata: Metadata, tokens: list[str], pre: PreTokenizer) -> Token
 def _add_marked_tokens(backend: Tokenizer, tokens: list[str], metadata: Metadata) -> None:
     """Control tokens become special added tokens, user-defined ones plain added tokens: both are
     matched whole in the text (llama-tokenize parses special tokens by default), never cut by BPE."""
-    types = metadata.get("tokenizer.ggml.token_type")
-    if types is None:
-        return
+    types = metadata.get("tokenizer.ggml.token_type") or [NORMAL] * len(tokens)
+    promoted = CONTROL_TEXTS
+    if "</s>" in tokens and any(marker in tokens for marker in PLAIN_END_MARKERS):
+        promoted = CONTROL_TEXTS - {"</s>"}
     control = [AddedToken(t, normalized=False, special=True) for t, kind in zip(tokens, types)
-               if kind == CONTROL and t]
+               if t and (kind == CONTROL or (t in promoted and kind != USER_DEFINED))]
     user = [AddedToken(t, normalized=False, special=False) for t, kind in zip(tokens, types)
             if kind == USER_DEFINED and t]
     backend.add_special_tokens(control)
@@ -182,11 +183,19 @@ def _wrap(backend: Tokenizer, metadata: Metadata):
         return backend.id_to_token(index) if index is not None and 0 <= index < size else None
 
     kind = metadata.get("tokenizer.ggml.model", "llama")
+    # llama.cpp adds BOS to SentencePiece and WordPiece vocabularies, and to some pre-tokenizer types,
+    # unless the file says otherwise (Gemma 4's type adds it regardless)
+    add_bos = kind in ("llama", "bert")
+    if kind in BPE_MODELS:
+        pre = pre_tokenizer_for("gemma4" if kind == "gemma4" else metadata.get("tokenizer.ggml.pre"))[0]
+        add_bos = bool(pre.add_bos)
+    add_bos = bool(metadata.get("tokenizer.ggml.add_bos_token", add_bos))
+    if kind in BPE_MODELS and pre.force_bos:
+        add_bos = True
     options = dict(
         bos_token=token("bos_token_id"), eos_token=token("eos_token_id"),
         unk_token=token("unknown_token_id"), pad_token=token("padding_token_id"),
-        # llama.cpp adds BOS to SentencePiece and WordPiece vocabularies unless the file says otherwise
-        add_bos_token=bool(metadata.get("tokenizer.ggml.add_bos_token", kind in ("llama", "bert"))),
+        add_bos_token=add_bos,
         add_eos_token=bool(metadata.get("tokenizer.ggml.add_eos_token", kind == "t5")),
         chat_template=metadata.get("tokenizer.chat_template"), clean_up_tokenization_spaces=False)
     # ``tokenizer_object=`` deep-copies the backend (a JSON round trip: ~5 s for 262k tokens). A

@@ -1,0 +1,96 @@
+"""An on-disk cache of tokenizers built from GGUF metadata.
+
+Deriving SentencePiece merges and building the Rust tokenizer of a 262k-token vocabulary takes
+seconds; reading the built tokenizer back from its JSON takes a fraction of that. The cache key
+is a hash of the raw bytes of every ``tokenizer.ggml.*`` field (plus the architecture, which
+changes how Gemma's vocabulary is read, and the versions of this builder and of ``tokenizers``),
+taken straight from the file's memory map without decoding a string.
+
+Location: ``$TOOLKIT_TOKENIZER_CACHE`` if set (empty or ``off`` disables the cache), else
+``$XDG_CACHE_HOME/toolkit/tokenizers`` (``~/.cache/toolkit/tokenizers``). Entries are written to
+a temporary file and renamed into place, so concurrent processes never read a partial entry;
+an unreadable entry is rebuilt and rewritten.
+"""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import tempfile
+from pathlib import Path
+from typing import Callable
+
+import tokenizers
+from tokenizers import Tokenizer
+
+from .metadata import Metadata
+
+# bump when the builder would produce a different tokenizer from the same metadata
+BUILDER_VERSION = "3"
+ENV = "TOOLKIT_TOKENIZER_CACHE"
+
+
+def cache_dir() -> Path | None:
+    """Where built tokenizers are kept, or None when caching is off."""
+    override = os.environ.get(ENV)
+    if override is not None:
+        return None if override.strip().lower() in ("", "0", "off", "none") else Path(override)
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "toolkit" / "tokenizers"
+
+
+def cache_key(metadata: Metadata) -> str:
+    """A hash of what the tokenizer is built from (raw field bytes, not decoded values)."""
+    digest = hashlib.blake2b(digest_size=20)
+    digest.update(f"{BUILDER_VERSION}|{tokenizers.__version__}|".encode())
+    digest.update(str(metadata.get("general.architecture")).encode())
+    for key in sorted(k for k in metadata if k.startswith("tokenizer.ggml.")):
+        digest.update(b"\0" + key.encode() + b"\0")
+        digest.update(_raw_bytes(metadata, key))
+    return digest.hexdigest()
+
+
+def _raw_bytes(metadata: Metadata, key: str) -> memoryview | bytes:
+    """The bytes a field occupies in the file: its parts are consecutive views of one memory map,
+    so the span from the first part to the end of the last covers them all."""
+    parts = [p for p in metadata.field(key).parts if p.nbytes]
+    if not parts:
+        return b""
+    start = parts[0].__array_interface__["data"][0]
+    end = parts[-1].__array_interface__["data"][0] + parts[-1].nbytes
+    if end < start or not all(p.flags.c_contiguous for p in (parts[0], parts[-1])):
+        return b"".join(p.tobytes() for p in parts)  # not one span: hash the parts themselves
+    return memoryview((ctypes.c_char * (end - start)).from_address(start)).cast("B")
+
+
+def cached_backend(metadata: Metadata, build: Callable[[Metadata], Tokenizer | None]) -> Tokenizer | None:
+    """``build(metadata)``, read from the cache when the same metadata was built before."""
+    folder = cache_dir()
+    if folder is None:
+        return build(metadata)
+    path = folder / f"{cache_key(metadata)}.json"
+    if path.is_file():
+        try:
+            return Tokenizer.from_file(str(path))
+        except Exception:  # noqa: BLE001 - a damaged entry is rebuilt below
+            pass
+    backend = build(metadata)
+    if backend is not None:
+        _store(path, backend)
+    return backend
+
+
+def _store(path: Path, backend: Tokenizer) -> None:
+    """Write atomically; a cache that cannot be written only costs the next load its time."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        handle, partial = tempfile.mkstemp(dir=path.parent, prefix=path.stem, suffix=".partial")
+        try:
+            with os.fdopen(handle, "w", encoding="utf-8") as out:
+                out.write(backend.to_str())
+            os.replace(partial, path)
+        finally:
+            if os.path.exists(partial):
+                os.unlink(partial)
+    except OSError:
+        pass
