@@ -41,13 +41,6 @@ def test_tiny_vocabulary_ids_equal_llama_cpp(name, tmp_path):
     _assert_ids(GGUFCheckpoint([path]).tokenizer(), REFERENCE["ids"][name])
 
 
-def test_smollm_keeps_whitespace_run_before_digit():
-    """SmolLM2's pre-tokenizer isolates digits first, so "\\n\\n  " stays one piece (issue 13)."""
-    vocab, model, pre = _case("gpt2:smollm")
-    expected = REFERENCE["ids"]["gpt2:smollm"][TEXTS.index("\n\n  0. item")]
-    assert vocab["tokens"][expected[0]] == "ĊĊĠĠ"
-
-
 def test_unknown_pre_tokenizer_warns_and_names_the_fallback(tmp_path):
     path = write_gguf(tmp_path / "v.gguf", load_vocab("byte_level"), model="gpt2", pre="no-such-pre")
     with pytest.warns(UserWarning, match="no-such-pre.*'default'"):

@@ -38,13 +38,13 @@ YOUTU = ("[\uac00-\ud7a3\u3131-\u318e]+|[\uff01\u2026\u201c\u201d\u2018\u2019\u2
          "\ufe30-\ufe4f]+|[\u3105-\u312f]+|" + _HAN_KANA,
          rf"[^\r\n\p{{L}}\p{{N}}]?{_UPPER}*{_LOWER}+{_CONTRACTIONS}?|[^\r\n\p{{L}}\p{{N}}]?{_UPPER}+{_LOWER}*"
          rf"{_CONTRACTIONS}?|\p{{N}}|" + _TAIL_SLASH)
-# Kimi K2's own pattern (llama.cpp runs it as hand-written code): Han runs, cased words without Han.
-_NO_HAN_UP, _NO_HAN_LOW = r"[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]", r"[\p{Ll}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]"
-KIMI_K2 = (rf"[\p{{Han}}]+|[^\r\n\p{{L}}\p{{N}}]?{_NO_HAN_UP}*{_NO_HAN_LOW}+{_CONTRACTIONS}?"
-           rf"|[^\r\n\p{{L}}\p{{N}}]?{_NO_HAN_UP}+{_NO_HAN_LOW}*{_CONTRACTIONS}?|\p{{N}}{{1,3}}| ?[^\s\p{{L}}\p{{N}}]+[\r\n]*"
-           r"|\s*[\r\n]+|\s+(?!\S)|\s+")
-# Digit runs cut into threes from the right (1234567 -> 1 234 567).
-DIGITS_BY_THREE = r"\p{N}{1,3}(?=(?:\p{N}{3})*(?!\p{N}))"
+# Kimi K2's pattern as llama.cpp's hand-written split runs it: Han runs, then letter runs without Han
+# (its cased classes and marks reduce to "letters" there), digits by three, punctuation, spaces.
+KIMI_K2 = (rf"[\p{{Han}}]+|[^\r\n\p{{L}}\p{{N}}]?[\p{{L}}&&[^\p{{Han}}]]+{_CONTRACTIONS}?|\p{{N}}{{1,3}}"
+           r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+# Digit runs cut into threes from the right (1234567 -> 1 234 567). llama.cpp's hand-written split
+# keeps the text before a digit run in the run's first group ("a 12345" -> "a 12", "345"); so do we.
+DIGITS_BY_THREE = r"\P{N}*\p{N}{1,3}(?=(?:\p{N}{3})*(?!\p{N}))"
 NEWLINES = r"[^\n]+|[\n]+"
 _PUNCT_WORDS = r"[!\"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+"
 _DEEPSEEK_LATIN = (

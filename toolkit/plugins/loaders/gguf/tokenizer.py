@@ -72,10 +72,8 @@ def build_backend(metadata: Metadata) -> Tokenizer | None:
 
 
 def _sentencepiece(metadata: Metadata, tokens: list[str]) -> Tokenizer:
-    is_gemma = metadata.get("general.architecture") in GEMMA_ARCHS
-    if is_gemma:
-        # llama.cpp stores Gemma's all-space tokens with real spaces; the text side spells them "▁".
-        tokens = [SPACE * len(t) if t and not t.strip(" ") else t for t in tokens]
+    # Gemma's all-space pieces are stored with real spaces; llama.cpp looks up "▁" runs, so never
+    # produces them, and neither do we
     vocab = _vocab(tokens)
     unk_id = metadata.get("tokenizer.ggml.unknown_token_id")
     # byte fallback spells any character the vocabulary lacks, so the unk token is a formality
