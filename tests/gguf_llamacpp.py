@@ -60,6 +60,10 @@ def write_gguf(path: Path, vocab: dict, *, model: str, pre: str | None = None) -
         writer.add_token_merges(vocab["merges"])
     for key, value in vocab.get("ids", {}).items():
         writer.add_uint32(f"tokenizer.ggml.{key}", value)
+    if vocab.get("charsmap"):
+        import base64
+
+        writer.add_precompiled_charsmap(base64.b64decode(vocab["charsmap"]))
     for key, value in vocab.get("flags", {}).items():
         writer.add_bool(f"tokenizer.ggml.{key}", value)
     writer.write_header_to_file()

@@ -23,6 +23,8 @@ assert REFERENCE["texts"] == TEXTS, "ids.json is stale: rerun tests/data/llamacp
 def _case(name: str):
     if name == "llama":
         return {k: v for k, v in load_vocab("sentencepiece").items() if k != "merges"}, "llama", None
+    if name in ("bert", "t5"):
+        return load_vocab({"bert": "wordpiece", "t5": "unigram"}[name]), name, None
     kind, label = name.split(":", 1)
     vocab = load_vocab("byte_level" if kind == "gpt2" else "sentencepiece")
     return vocab, "gpt2", None if label == "<none>" else label

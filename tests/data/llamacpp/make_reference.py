@@ -60,6 +60,58 @@ def train() -> None:
                             "ids": {"unknown_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}})
 
 
+    _train_wordpiece(corpus)
+    _train_unigram(corpus)
+
+
+def _train_wordpiece(corpus: list[str]) -> None:
+    """A BERT vocabulary, stored the way llama.cpp's converter stores one ("▁" starts a word, no "##")."""
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
+
+    wp = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    wp.normalizer = normalizers.BertNormalizer(lowercase=True)
+    wp.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    wp.train_from_iterator(corpus, trainers.WordPieceTrainer(vocab_size=500, special_tokens=specials,
+                                                             show_progress=False))
+    vocab = wp.get_vocab()
+    ordered = sorted(vocab, key=vocab.get)
+    tokens = [t if t in specials else t[2:] if t.startswith("##") else "\u2581" + t for t in ordered]
+    types = [3 if t in specials else 1 for t in ordered]
+    _save("wordpiece", {"tokens": tokens, "types": types, "ids": {
+        "bos_token_id": 2, "seperator_token_id": 3, "unknown_token_id": 1, "padding_token_id": 0}})
+
+
+# a small SentencePiece normalization rule set (full-width letters, ligatures, ideographic space),
+# so the Unigram case exercises a precompiled charsmap without storing the 240 kB NFKC one
+NORMALIZATION_RULES = {"\uff21": "A", "\uff42": "b", "\ufb01": "fi", "\u3000": " ", "\u00bd": "1/2", "\u2460": "1"}
+
+
+def _train_unigram(corpus: list[str]) -> None:
+    import base64
+    import io
+
+    import sentencepiece as spm
+    from sentencepiece import sentencepiece_model_pb2
+
+    rules = Path(tempfile.mkdtemp()) / "rules.tsv"
+    rules.write_text("".join(" ".join(f"{ord(c):X}" for c in k) + "\t" + " ".join(f"{ord(c):X}" for c in v) + "\n"
+                             for k, v in NORMALIZATION_RULES.items()), encoding="utf-8")
+    model = io.BytesIO()
+    spm.SentencePieceTrainer.train(sentence_iterator=iter(corpus), model_writer=model, vocab_size=400,
+                                   model_type="unigram", hard_vocab_limit=False, normalization_rule_tsv=str(rules),
+                                   minloglevel=2)
+    proto = sentencepiece_model_pb2.ModelProto()
+    proto.ParseFromString(model.getvalue())
+    kinds = {1: 1, 2: 2, 3: 3, 4: 4, 5: 5, 6: 6}  # sentencepiece piece types are llama.cpp's token types
+    _save("unigram", {"tokens": [p.piece for p in proto.pieces], "scores": [p.score for p in proto.pieces],
+                      "types": [kinds[p.type] for p in proto.pieces],
+                      "charsmap": base64.b64encode(proto.normalizer_spec.precompiled_charsmap).decode(),
+                      "ids": {"unknown_token_id": 0, "bos_token_id": 1, "eos_token_id": 2},
+                      "flags": {"add_space_prefix": proto.normalizer_spec.add_dummy_prefix,
+                                "remove_extra_whitespaces": proto.normalizer_spec.remove_extra_whitespaces}})
+
+
 def _save(name: str, vocab: dict) -> None:
     (DATA / f"vocab_{name}.json").write_text(json.dumps(vocab, ensure_ascii=False), encoding="utf-8")
 
@@ -72,6 +124,8 @@ def cases() -> dict[str, tuple[dict, str, str | None]]:
     out["gpt2:<none>"] = (byte_level, "gpt2", None)
     out.update({f"gpt2-utf8:{label}": (spm, "gpt2", label) for label in UTF8_LABELS})
     out["llama"] = (spm_no_merges, "llama", None)
+    out["bert"] = (load_vocab("wordpiece"), "bert", None)
+    out["t5"] = (load_vocab("unigram"), "t5", None)
     return out
 
 

@@ -190,11 +190,14 @@ def _wrap(backend: Tokenizer, metadata: Metadata):
     add_bos = bool(metadata.get("tokenizer.ggml.add_bos_token", add_bos))
     if kind in BPE_MODELS and pre.force_bos:
         add_bos = True
+    eos, add_eos = token("eos_token_id"), bool(metadata.get("tokenizer.ggml.add_eos_token", kind == "t5"))
+    if kind == "bert":  # llama.cpp closes WordPiece text with the separator token
+        eos, add_eos = token("seperator_token_id") or eos, bool(metadata.get("tokenizer.ggml.add_sep_token", True))
     options = dict(
-        bos_token=token("bos_token_id"), eos_token=token("eos_token_id"),
+        bos_token=token("bos_token_id"), eos_token=eos,
         unk_token=token("unknown_token_id"), pad_token=token("padding_token_id"),
         add_bos_token=add_bos,
-        add_eos_token=bool(metadata.get("tokenizer.ggml.add_eos_token", kind == "t5")),
+        add_eos_token=add_eos,
         chat_template=metadata.get("tokenizer.chat_template"), clean_up_tokenization_spaces=False)
     # ``tokenizer_object=`` deep-copies the backend (a JSON round trip: ~5 s for 262k tokens). A
     # wrapper whose backend is already set adopts it as is; older transformers refuse that, so fall back.
