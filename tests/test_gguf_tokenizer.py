@@ -37,11 +37,13 @@ def llama_cpp_differs(text: str) -> bool:
     return text[:1].isspace() or "<s>" in text
 
 
-def assert_same_tokenizer(ours, reference, *, ignore=None):
+def assert_same_tokenizer(ours, reference, *, ignore=None, special=True):
+    """``special=False``: compare without BOS/EOS (llama.cpp adds BOS for Llama 3's pre-tokenizer
+    when the file does not say; transformers does not)."""
     for text in TEXTS:
-        ids = reference.encode(text)
+        ids = reference.encode(text, add_special_tokens=special)
         if ignore is None or not ignore(text):
-            assert ours.encode(text) == ids, text
+            assert ours.encode(text, add_special_tokens=special) == ids, text
         for skip in (False, True):
             assert ours.decode(ids, skip_special_tokens=skip) == reference.decode(ids, skip_special_tokens=skip), text
     for attr in ("bos_token", "eos_token", "unk_token"):
@@ -63,7 +65,8 @@ def test_tokenizer_matches_transformers(case, tmp_path):
     path = write_model(tmp_path / "t.gguf", spec, vocab=vocab(), chat_template=CHAT)
     ours = GGUFCheckpoint([path]).tokenizer()
     reference = reference_tokenizer(path)
-    assert_same_tokenizer(ours, reference, ignore=llama_cpp_differs if case.startswith("sentencepiece") else None)
+    assert_same_tokenizer(ours, reference, ignore=llama_cpp_differs if case.startswith("sentencepiece") else None,
+                          special=case != "byte-level-llama3")
     messages = [{"role": "user", "content": "kalomi nerusa?"}]
     assert ours.apply_chat_template(messages, add_generation_prompt=True, tokenize=False) == \
         reference.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
