@@ -101,8 +101,17 @@ def _as_matrix(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.reshape(1, -1) if tensor.dim() == 1 else tensor
 
 
+STORED_ATTR = "gguf_stored_values"
+
+
 def _subtract(tensor: torch.Tensor, *, offset: float) -> torch.Tensor:
-    return tensor.float() - offset  # in fp32, before any cast to the model dtype
+    """``tensor - offset`` in fp32 (before any cast to the model dtype). The stored values ride
+    along as an attribute: float32 cannot always undo the shift exactly (x - 1 + 1 != x for x
+    outside [0.5, 2]), so a GGUF writer given this very tensor writes them instead."""
+    stored = tensor.float()
+    shifted = stored - offset
+    setattr(shifted, STORED_ATTR, stored)
+    return shifted
 
 
 def rotary_row_order(rows: int, num_heads: int) -> torch.Tensor:

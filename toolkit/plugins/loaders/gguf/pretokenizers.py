@@ -170,3 +170,17 @@ CONTROL_TEXTS = frozenset((
     "\u2581<MID>", "\u2581<PRE>", "\u2581<SUF>"))
 # ...except "</s>" next to one of these, where llama.cpp keeps it a normal token
 PLAIN_END_MARKERS = ("<|tool_response>", "<|plamo:eos|>")
+
+
+# Preferred label for each type when a writer has only the split regexes to go by (llama.cpp reads
+# every label of a type the same way); the first label of the table names the rest.
+PREFERRED_LABELS = ("default", "llama-bpe", "qwen2", "gpt-2", "smollm", "qwen35", "gpt-4o", "tekken", "deepseek-v3")
+
+
+def label_for_regexes(regexes: list[str]) -> str | None:
+    """A ``tokenizer.ggml.pre`` label whose type splits with exactly these regexes (in order), or None.
+    ``(?i:...)`` contractions (tokenizer.json's spelling) match llama.cpp's expanded ones."""
+    wanted = tuple(r.replace("(?i:'s|'t|'re|'ve|'m|'ll|'d)", _CONTRACTIONS) for r in regexes)
+    matches = [label for label, pre in PRE_TOKENIZERS.items() if pre.regexes == wanted and pre.byte_encode]
+    preferred = [label for label in PREFERRED_LABELS if label in matches]
+    return (preferred or matches or [None])[0]

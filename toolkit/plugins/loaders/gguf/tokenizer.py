@@ -44,7 +44,10 @@ def build_tokenizer(metadata: Metadata):
     backend = cached_backend(metadata, build_backend)
     if backend is None:
         return None
-    return _wrap(backend, metadata)
+    wrapper = _wrap(backend, metadata)
+    # the file's own label, for a GGUF writer to keep (the split alone cannot tell smollm from starcoder)
+    wrapper.gguf_pre = metadata.get("tokenizer.ggml.pre")
+    return wrapper
 
 
 def build_backend(metadata: Metadata) -> Tokenizer | None:

@@ -6,7 +6,8 @@ Derived from the reader's own tables (``GLOBAL_LEAVES`` and the map's ``leaves``
 * names: ``model.layers.{i}.<module>.<kind>`` -> ``blk.{i}.<leaf>.<kind>``;
 * Llama-family q/k rows (and biases) go back to llama.cpp's interleaved rotary order: the
   inverse of the reader's ``rotary_row_order`` permutation;
-* norms get the reader's ``norm_offset`` added back (Gemma stores ``1 + w``), in float32.
+* norms get the reader's ``norm_offset`` added back (Gemma stores ``1 + w``), in float32; a norm
+  read from a GGUF file keeps the values it was stored with (bit-exact GGUF -> GGUF).
 """
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ import torch
 from toolkit.core.config import ModelConfig
 from toolkit.core.errors import ConversionError
 
-from .names import GLOBAL_LEAVES, GGUFNameMap, rotary_row_order
+from .names import GLOBAL_LEAVES, STORED_ATTR, GGUFNameMap, rotary_row_order
 
 _LAYER = re.compile(r"^model\.layers\.(?P<layer>\d+)\.(?P<module>.+)\.(?P<kind>weight|bias)$")
 _GLOBAL = re.compile(r"^(?P<module>.+)\.(?P<kind>weight|bias)$")
@@ -84,7 +85,8 @@ class GGUFNamer:
         """(GGUF name, values as llama.cpp stores them)."""
         name, leaf = self.gguf_name(hf_name)
         if leaf.endswith("norm") and self.name_map.norm_offset:
-            tensor = tensor.float() + self.name_map.norm_offset
+            stored = getattr(tensor, STORED_ATTR, None)  # read from a GGUF and untouched since: its bytes
+            tensor = stored if stored is not None else tensor.float() + self.name_map.norm_offset
         if self.name_map.rope_interleaved and leaf in ROTARY_LEAVES:
             heads = self.config.num_heads if leaf == "attn_q" else self.config.num_kv_heads
             tensor = permute_rotary_rows(tensor, num_heads=heads)

@@ -3,13 +3,14 @@
 Read from the fast tokenizer's ``backend_tokenizer`` JSON (vocabulary, merges, added tokens,
 pre-tokenizer), written the way llama.cpp's converter writes it:
 
-* byte-level BPE (Llama 3, Qwen): ``gpt2`` with tokens, token types and merges, and the
-  ``tokenizer.ggml.pre`` name of the split regex (looked up in the reader's own table);
+* byte-level BPE (Llama 3, Qwen, SmolLM): ``gpt2`` with tokens, token types and merges, and the
+  ``tokenizer.ggml.pre`` label of its split (the label the source GGUF had when it came from
+  one, else one llama.cpp reads the same way, from the reader's own table);
 * SentencePiece-style BPE with byte fallback (Llama 2, Gemma): ``llama`` with tokens, scores
   (minus the rank of the merge that makes each piece, so llama.cpp's score-driven merging
-  follows the same order), token types, and the merges themselves (both readers prefer them
-  to merges re-derived from scores). Gemma's all-space pieces are stored as spaces, as
-  llama.cpp stores them and both readers expect.
+  follows the same order) and token types. No merges: llama.cpp's SentencePiece tokenizer never
+  reads them (Gemma's 514,906 would add 9 MB). Gemma's all-space pieces are stored as spaces,
+  as llama.cpp stores them.
 
 Token ids past the tokenizer's last token, up to the embedding's rows, become ``[PAD{i}]``
 tokens of type UNUSED, as llama.cpp pads them.
@@ -24,9 +25,9 @@ from gguf import GGUFWriter, TokenType
 
 from toolkit.core.errors import ConversionError
 
-from .tokenizer import GEMMA_ARCHS, PRE_TOKENIZER_SPLITS, SPACE
+from .pretokenizers import PRE_TOKENIZERS, label_for_regexes
+from .tokenizer import GEMMA_ARCHS, SPACE
 
-SPLIT_NAMES = {regex: name for name, regex in reversed(PRE_TOKENIZER_SPLITS.items())}  # first name wins
 BYTE_TOKEN_LENGTH = len("<0x00>")
 NO_SCORE = -1000.0
 
@@ -58,7 +59,7 @@ def vocab_from(tokenizer, *, gguf_arch: str, vocab_size: int) -> Vocab:
     tokens, added = _tokens(spec, vocab_size)
     merges = [m if isinstance(m, str) else " ".join(m) for m in spec["model"].get("merges", [])]
     if _has_type(spec.get("pre_tokenizer"), "ByteLevel") or _has_type(spec.get("decoder"), "ByteLevel"):
-        return _byte_level(spec, tokens, added, merges)
+        return _byte_level(spec, tokens, added, merges, source_pre=getattr(tokenizer, "gguf_pre", None))
     return _sentencepiece(spec, tokens, added, merges, is_gemma=gguf_arch in GEMMA_ARCHS)
 
 
@@ -90,23 +91,37 @@ def _filled(tokens: list[str | None]) -> tuple[list[str], set[int]]:
     return [f"[PAD{i}]" if t is None else t for i, t in enumerate(tokens)], unused
 
 
-def _byte_level(spec: dict, tokens: list[str | None], added: dict[int, dict], merges: list[str]) -> Vocab:
+def _byte_level(spec: dict, tokens: list[str | None], added: dict[int, dict], merges: list[str], *,
+                source_pre: str | None = None) -> Vocab:
     filled, unused = _filled(tokens)
     types = [TokenType.UNUSED if i in unused else _added_type(added[i]) if i in added else TokenType.NORMAL
              for i in range(len(filled))]
     pre, notes = _pre_name(spec.get("pre_tokenizer"))
+    if source_pre in PRE_TOKENIZERS and PRE_TOKENIZERS[source_pre] is PRE_TOKENIZERS.get(pre):
+        pre = source_pre  # a GGUF source's own label, where it splits as the one found
     return Vocab("gpt2", filled, [int(t) for t in types], merges, pre=pre, notes=notes)
 
 
 def _pre_name(pre_tokenizer: dict | None) -> tuple[str, list[str]]:
-    """``tokenizer.ggml.pre`` for a byte-level pre-tokenizer: the name of its split regex."""
+    """``tokenizer.ggml.pre`` for a byte-level pre-tokenizer: a label whose splits are its splits."""
     regexes = _split_regexes(pre_tokenizer)
-    if not regexes and _has_type(pre_tokenizer, "ByteLevel"):
-        return "gpt-2", []  # ByteLevel's built-in GPT-2 split, which both readers fall back to
-    if len(regexes) == 1 and regexes[0] in SPLIT_NAMES:
-        return SPLIT_NAMES[regexes[0]], []
-    return "default", [f"tokenizer.ggml.pre: split {regexes!r} is not one GGUF names; readers may split "
+    if _uses_byte_level_regex(pre_tokenizer):
+        regexes.append(PRE_TOKENIZERS["gpt-2"].regexes[0])  # ByteLevel's built-in GPT-2 split
+    if _has_type(pre_tokenizer, "Digits"):  # digits isolated first (SmolLM, StarCoder)
+        regexes.insert(0, PRE_TOKENIZERS["smollm"].regexes[0])
+    label = label_for_regexes(regexes)
+    if label is not None:
+        return label, []
+    return "default", [f"tokenizer.ggml.pre: split {regexes!r} is not one llama.cpp names; readers may split "
                        "text differently"]
+
+
+def _uses_byte_level_regex(node: Any) -> bool:
+    if isinstance(node, dict):
+        if node.get("type") == "ByteLevel":
+            return bool(node.get("use_regex", True))
+        return any(_uses_byte_level_regex(v) for v in node.values())
+    return any(_uses_byte_level_regex(v) for v in node) if isinstance(node, list) else False
 
 
 def _split_regexes(node: Any) -> list[str]:
@@ -132,7 +147,7 @@ def _sentencepiece(spec: dict, tokens: list[str | None], added: dict[int, dict],
               else NO_SCORE for i, (t, kind) in enumerate(zip(filled, types))]
     if is_gemma:  # llama.cpp stores Gemma's pieces of two or more spaces as real spaces
         filled = [" " * len(t) if len(t) > 1 and not t.strip(SPACE) else t for t in filled]
-    return Vocab("llama", filled, types, merges, scores=scores, add_space_prefix=_adds_prefix(spec))
+    return Vocab("llama", filled, types, [], scores=scores, add_space_prefix=_adds_prefix(spec))
 
 
 def _piece_type(index: int, token: str, added: dict[int, dict], unused: set[int], unk: str | None) -> int:
