@@ -36,7 +36,8 @@ def _assert_ids(tokenizer, expected: list[list[int]]) -> None:
     assert not mismatches, mismatches[:3]
 
 
-@pytest.mark.parametrize("name", [n for n in REFERENCE["ids"] if n != "gemma3-270m-q4_k_m"])
+@pytest.mark.parametrize("name", [n for n in REFERENCE["ids"] if n != "gemma3-270m-q4_k_m" and ":" in n
+                                  and not n.startswith("converter:")] + ["llama", "bert", "t5"])
 def test_tiny_vocabulary_ids_equal_llama_cpp(name, tmp_path):
     vocab, model, pre = _case(name)
     path = write_gguf(tmp_path / "v.gguf", vocab, model=model, pre=pre)

@@ -146,6 +146,10 @@ def main() -> None:
             print(f"{name}: llama.cpp refused the file: {run.stderr.strip()[-200:]}")
             continue
         result["ids"][name] = [[int(i) for i in line.split()] for line in run.stdout.splitlines()]
+    # the llama.cpp-converter case (make_converter_case.py)
+    converted = DATA / "converter" / "gemma3-tiny-f32.gguf"
+    run = subprocess.run([tool, str(converted), str(texts), "1"], capture_output=True, text=True, check=True)
+    result["ids"]["converter:gemma3-tiny"] = [[int(i) for i in line.split()] for line in run.stdout.splitlines()]
     if "--gemma" in sys.argv:
         from toolkit.plugins.loaders.gguf.loader import demo_model_path
         run = subprocess.run([tool, str(demo_model_path()), str(texts), "1"], capture_output=True, text=True,
