@@ -1,0 +1,117 @@
+"""CPU GGUF speed against llama.cpp in one run: decode, prefill and (optionally) quantization.
+
+    python bench/bench_cpu_vs_llamacpp.py --llama-bin DIR [--model FILE] [--threads 2] [--rounds 3]
+        [--quantize-from F32.gguf --types Q8_0,Q4_K_M,Q6_K]
+
+``DIR`` holds a CPU build of llama.cpp (``llama-bench``, ``llama-quantize``). The model defaults to
+the embedded demo (Gemma 3 270M Q4_K_M). Each round runs llama.cpp, then toolkit, on the same
+file and thread count, so contention on a shared machine hits both alike; the table gives the
+best and the median of the rounds and the ratio toolkit / llama.cpp (targets from issue 13:
+decode >= 0.5, prefill >= 1, quantization time <= 1x llama-quantize's).
+
+* prefill: llama-bench ``-p 128`` vs ``logits()`` on 128 tokens (tokens/s);
+* decode: llama-bench ``-n 32`` vs ``generate()`` of 32 tokens after a one-token prompt;
+* quantization: ``llama-quantize SRC OUT TYPE THREADS`` vs ``toolkit convert SRC OUT --to gguf:TYPE``
+  (seconds, wall clock, same threads).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+PROMPT, GENERATE = 128, 32
+
+
+def llama_bench(binary: Path, model: str, threads: int) -> dict[str, float]:
+    out = subprocess.run([str(binary / "llama-bench"), "-m", model, "-p", str(PROMPT), "-n", str(GENERATE),
+                          "-t", str(threads), "-r", "1", "-o", "json"], capture_output=True, text=True, check=True)
+    rows = json.loads(out.stdout)
+    return {"prefill": next(r["avg_ts"] for r in rows if r["n_prompt"] == PROMPT and r["n_gen"] == 0),
+            "decode": next(r["avg_ts"] for r in rows if r["n_gen"] == GENERATE and r["n_prompt"] == 0)}
+
+
+def toolkit_speed(loaded, vocab: int) -> dict[str, float]:
+    import torch
+
+    ids = torch.randint(10, vocab - 10, (PROMPT,), generator=torch.Generator().manual_seed(0)).tolist()
+    start = time.perf_counter()
+    loaded.logits(ids)
+    prefill = PROMPT / (time.perf_counter() - start)
+    start = time.perf_counter()
+    produced = loaded.generate(ids[:1], max_new_tokens=GENERATE, stop_token_ids=())
+    decode = len(produced) / (time.perf_counter() - start)
+    return {"prefill": prefill, "decode": decode}
+
+
+def quantize_times(binary: Path, source: str, qtype: str, threads: int) -> tuple[float, float]:
+    with tempfile.TemporaryDirectory(dir=Path(source).parent) as work:
+        start = time.perf_counter()
+        subprocess.run([str(binary / "llama-quantize"), source, f"{work}/l.gguf", qtype, str(threads)],
+                       capture_output=True, check=True)
+        theirs = time.perf_counter() - start
+        env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
+        start = time.perf_counter()
+        subprocess.run(["python", "-m", "toolkit", "convert", source, f"{work}/t.gguf", "--to", f"gguf:{qtype}"],
+                       capture_output=True, check=True, env=env)
+        ours = time.perf_counter() - start
+    return ours, theirs
+
+
+def machine() -> str:
+    try:
+        model = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
+    except (OSError, StopIteration):
+        model = platform.processor()
+    return f"{model}, {os.cpu_count()} cores visible, load average {os.getloadavg()[0]:.1f} at start"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--llama-bin", type=Path, required=True)
+    parser.add_argument("--model")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--quantize-from")
+    parser.add_argument("--types", default="Q8_0,Q4_K_M,Q6_K")
+    args = parser.parse_args()
+
+    import torch
+
+    import toolkit
+    from toolkit.plugins.loaders.gguf.loader import demo_model_path
+
+    torch.set_num_threads(args.threads)
+    model = args.model or str(demo_model_path())
+    print(f"machine: {machine()}\nmodel: {model}\nthreads: {args.threads}, rounds: {args.rounds}")
+    loaded = toolkit.load(model, device="cpu")
+    vocab = loaded.config.vocab_size
+    theirs: dict[str, list[float]] = {"prefill": [], "decode": []}
+    ours: dict[str, list[float]] = {"prefill": [], "decode": []}
+    toolkit_speed(loaded, vocab)  # warm-up (first-call allocations, kernel selection)
+    for _ in range(args.rounds):
+        for key, value in llama_bench(args.llama_bin, model, args.threads).items():
+            theirs[key].append(value)
+        for key, value in toolkit_speed(loaded, vocab).items():
+            ours[key].append(value)
+    print(f"\n| phase | llama.cpp tok/s best / median | toolkit tok/s best / median | ratio (median) |")
+    print("|---|---|---|---|")
+    for key in ("decode", "prefill"):
+        t, o = theirs[key], ours[key]
+        print(f"| {key} | {max(t):.1f} / {statistics.median(t):.1f} | {max(o):.1f} / {statistics.median(o):.1f} | "
+              f"{statistics.median(o) / statistics.median(t):.3f} |")
+    if args.quantize_from:
+        print(f"\n| type | llama-quantize s | toolkit convert s | ratio |\n|---|---|---|---|")
+        for qtype in args.types.split(","):
+            ours_s, theirs_s = quantize_times(args.llama_bin, args.quantize_from, qtype, args.threads)
+            print(f"| {qtype} | {theirs_s:.1f} | {ours_s:.1f} | {ours_s / theirs_s:.2f} |")
+
+
+if __name__ == "__main__":
+    main()
