@@ -89,17 +89,20 @@ def main() -> None:
 
     torch.set_num_threads(args.threads)
     model = args.model or str(demo_model_path())
-    print(f"machine: {machine()}\nmodel: {model}\nthreads: {args.threads}, rounds: {args.rounds}")
+    print(f"machine: {machine()}\nmodel: {model}\nthreads: {args.threads}, rounds: {args.rounds}", flush=True)
     loaded = toolkit.load(model, device="cpu")
     vocab = loaded.config.vocab_size
     theirs: dict[str, list[float]] = {"prefill": [], "decode": []}
     ours: dict[str, list[float]] = {"prefill": [], "decode": []}
     toolkit_speed(loaded, vocab)  # warm-up (first-call allocations, kernel selection)
-    for _ in range(args.rounds):
+    for round_ in range(args.rounds):
         for key, value in llama_bench(args.llama_bin, model, args.threads).items():
             theirs[key].append(value)
         for key, value in toolkit_speed(loaded, vocab).items():
             ours[key].append(value)
+        print(f"round {round_ + 1}: llama.cpp {theirs['decode'][-1]:.1f} / {theirs['prefill'][-1]:.1f}, toolkit "
+              f"{ours['decode'][-1]:.2f} / {ours['prefill'][-1]:.1f} tok/s (decode / prefill), "
+              f"load average {os.getloadavg()[0]:.1f}", flush=True)
     print(f"\n| phase | llama.cpp tok/s best / median | toolkit tok/s best / median | ratio (median) |")
     print("|---|---|---|---|")
     for key in ("decode", "prefill"):
