@@ -1,0 +1,41 @@
+"""The on-disk cache of built GGUF tokenizers: hits give the same tokenizer, any change to the
+tokenizer metadata misses, damaged entries are rebuilt, and the cache can be turned off."""
+from __future__ import annotations
+
+from gguf_llamacpp import TEXTS, load_vocab, write_gguf
+from toolkit.plugins.loaders.gguf import tokenizer_cache
+from toolkit.plugins.loaders.gguf.metadata import Metadata
+from toolkit.plugins.loaders.gguf.reader import open_reader
+from toolkit.plugins.loaders.gguf.tokenizer import build_backend, build_tokenizer
+
+
+def _metadata(path):
+    return Metadata(open_reader(path).fields, file=str(path))
+
+
+def test_hit_miss_and_damaged_entry(tmp_path, monkeypatch):
+    monkeypatch.setenv(tokenizer_cache.ENV, str(tmp_path / "cache"))
+    vocab = load_vocab("byte_level")
+    first = _metadata(write_gguf(tmp_path / "a.gguf", vocab, model="gpt2", pre="qwen2"))
+    built = build_tokenizer(first)
+    entries = list((tmp_path / "cache").glob("*.json"))
+    assert len(entries) == 1
+    calls = []
+    again = tokenizer_cache.cached_backend(first, lambda m: calls.append(m) or build_backend(m))
+    assert calls == []  # read back, not rebuilt
+    assert [again.encode(t).ids for t in TEXTS] == [built.backend_tokenizer.encode(t).ids for t in TEXTS]
+    # another pre-tokenizer label is another tokenizer
+    other = _metadata(write_gguf(tmp_path / "b.gguf", vocab, model="gpt2", pre="llama-bpe"))
+    assert tokenizer_cache.cache_key(other) != tokenizer_cache.cache_key(first)
+    # a damaged entry is rebuilt and replaced
+    entries[0].write_text("{not json")
+    rebuilt = tokenizer_cache.cached_backend(first, lambda m: calls.append(m) or build_backend(m))
+    assert len(calls) == 1 and rebuilt.encode("Hello world").ids == again.encode("Hello world").ids
+    assert entries[0].read_text().startswith("{\"version\"")
+
+
+def test_cache_off(tmp_path, monkeypatch):
+    monkeypatch.setenv(tokenizer_cache.ENV, "off")
+    assert tokenizer_cache.cache_dir() is None
+    path = write_gguf(tmp_path / "a.gguf", load_vocab("byte_level"), model="gpt2", pre="qwen2")
+    assert build_tokenizer(_metadata(path)) is not None
