@@ -106,8 +106,9 @@ STORED_ATTR = "gguf_stored_values"
 
 def _subtract(tensor: torch.Tensor, *, offset: float) -> torch.Tensor:
     """``tensor - offset`` in fp32 (before any cast to the model dtype). The stored values ride
-    along as an attribute: float32 cannot always undo the shift exactly (x - 1 + 1 != x for x
-    outside [0.5, 2]), so a GGUF writer given this very tensor writes them instead."""
+    along as an attribute: float32 cannot always undo the shift exactly (x - 1 + 1 != x for
+    stored values below 0.5, negative ones included), so a GGUF writer given this very tensor
+    writes them instead."""
     stored = tensor.float()
     shifted = stored - offset
     setattr(shifted, STORED_ATTR, stored)
