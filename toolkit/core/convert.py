@@ -27,7 +27,7 @@ import torch
 from .config import LoadConfig
 from .errors import ConversionError, UnknownNameError
 from .experts import expert_tensor_name
-from .load import open_checkpoint
+from .load import open_checkpoint, read_config
 from .names import NameContext
 from .registry import Registry, default_registry
 from .report import LoadReport
@@ -178,8 +178,7 @@ def _stream(source, staging: Path, loader, options: ConvertOptions, source_forma
                                  report=report)
     try:
         hf = checkpoint.hf_config
-        arch = registry.architecture(*(hf.get("architectures") or []), hf.get("model_type"))
-        config = arch.config_from(hf)
+        arch, config = read_config(checkpoint, registry)
         name_map = registry.name_map(checkpoint.format, arch.name)
         context = NameContext(arch, config, _parameter_names(arch, config, checkpoint, registry))
         writer = loader.writer(staging, options)

@@ -15,12 +15,15 @@ from torch import nn
 from . import source as sources
 from .checkpoint import Checkpoint, Source
 from .config import LoadConfig, ModelConfig
-from .errors import CheckpointError, MissingTensorError, SourceError, UnexpectedTensorError
+from .config_checks import check_hf_config, check_model_config
+from .errors import (CheckpointError, InvalidConfigError, MissingTensorError, SourceError, UnexpectedTensorError,
+                     UnknownNameError)
 from .names import MappedName, NameContext
 from .parallel import SINGLE, ParallelContext
 from .quant import DEFAULT_SCHEME, QuantScheme
 from .registry import Registry, default_registry
 from .report import LoadReport
+from .tensor_checks import check_against_checkpoint
 
 Progress = Callable[[int, int, str], None]  # (done, total, tensor name)
 
@@ -44,15 +47,49 @@ def default_dtype(config: ModelConfig, device: torch.device) -> torch.dtype:
     return {"float16": torch.float16, "bfloat16": torch.bfloat16}.get(str(config.torch_dtype), torch.bfloat16)
 
 
+def config_file(checkpoint: Checkpoint) -> str:
+    """The file a checkpoint's config came from (its ``config_file``, else its first file)."""
+    return str(getattr(checkpoint, "config_file", None) or checkpoint.files[0])
+
+
+# What an architecture's config_from may raise on a value config_checks let through; reported
+# as an InvalidConfigError naming the file, never as the bare exception.
+CONFIG_READ_ERRORS = (TypeError, ValueError, KeyError, IndexError, ZeroDivisionError, OverflowError, AttributeError)
+
+
+def read_config(checkpoint: Checkpoint, registry: Registry):
+    """The checkpoint's architecture and its checked ModelConfig; every failure names the config's file."""
+    file = config_file(checkpoint)
+    hf = check_hf_config(checkpoint.hf_config, file=file)
+    try:
+        arch = registry.architecture(*(hf.get("architectures") or []), hf.get("model_type"))
+    except UnknownNameError as exc:
+        raise exc.at_file(file) from None
+    try:
+        config = arch.config_from(hf)
+    except CheckpointError as exc:
+        raise exc.located(file=file) from exc
+    except CONFIG_READ_ERRORS as exc:
+        raise InvalidConfigError(f"the {arch.name} config cannot be read: {type(exc).__name__}: {exc}",
+                                 file=file) from exc
+    return arch, check_model_config(config, file=file)
+
+
 def choose_scheme(registry: Registry, checkpoint: Checkpoint, quant: str | None, dtype: torch.dtype) -> QuantScheme:
-    if checkpoint.quant_scheme is not None:
-        if quant is not None and quant.split(":")[0] != checkpoint.quant_scheme:
-            raise CheckpointError(f"checkpoint is already quantized as {checkpoint.quant_scheme!r}; "
-                                  f"--quant {quant} cannot be applied on top", file=str(checkpoint.files[0]))
-        factory = registry.quant_scheme(checkpoint.quant_scheme)
-        return factory.from_checkpoint(checkpoint.quant_metadata, params_dtype=dtype)
-    spec = quant or DEFAULT_SCHEME
-    return registry.quant_scheme(spec.split(":")[0]).from_spec(spec, params_dtype=dtype)
+    file = config_file(checkpoint)
+    try:
+        if checkpoint.quant_scheme is not None:
+            if quant is not None and quant.split(":")[0] != checkpoint.quant_scheme:
+                raise CheckpointError(f"checkpoint is already quantized as {checkpoint.quant_scheme!r}; "
+                                      f"--quant {quant} cannot be applied on top", file=str(checkpoint.files[0]))
+            factory = registry.quant_scheme(checkpoint.quant_scheme)
+            return factory.from_checkpoint(checkpoint.quant_metadata, params_dtype=dtype)
+        spec = quant or DEFAULT_SCHEME
+        return registry.quant_scheme(spec.split(":")[0]).from_spec(spec, params_dtype=dtype)
+    except UnknownNameError as exc:
+        raise exc.at_file(file) from None
+    except CheckpointError as exc:
+        raise exc.located(file=file) from exc
 
 
 def stream_weights(model: nn.Module, checkpoint: Checkpoint, name_map, context: NameContext, report: LoadReport,
@@ -88,7 +125,7 @@ def _place(model: nn.Module, mapped: MappedName, tensor, context: NameContext, *
         else:
             getattr(module, param_name).load_replicated(value)
     except CheckpointError as exc:
-        raise type(exc)(str(exc), file=file, tensor=tensor_name) from exc
+        raise exc.located(file=file, tensor=tensor_name) from exc
 
 
 def _load_expert(module: nn.Module, param_name: str, value, mapped: MappedName) -> None:
@@ -131,20 +168,21 @@ def _is_stored(module: nn.Module) -> bool:
 def load_checkpoint(checkpoint: Checkpoint, *, registry: Registry, load_config: LoadConfig, report: LoadReport,
                     parallel: ParallelContext = SINGLE, progress: Progress | None = None):
     """Build the model a checkpoint describes and fill it; returns (model, arch, config, scheme)."""
-    hf = checkpoint.hf_config
     with report.phase("build"):
-        arch = registry.architecture(*(hf.get("architectures") or []), hf.get("model_type"))
-        config = arch.config_from(hf)
+        arch, config = read_config(checkpoint, registry)
+        name_map = _name_map(registry, checkpoint, arch)
+        # refused here, before build allocates anything the config implies
+        check_against_checkpoint(config, checkpoint, name_map, NameContext(arch, config, frozenset()),
+                                 file=config_file(checkpoint), tp_size=parallel.tp_size)
         # a checkpoint holding in-memory state (stored_state) pins the dtype it was saved at
         dtype = (load_config.dtype or getattr(checkpoint, "params_dtype", None)
                  or default_dtype(config, load_config.device))
         scheme = choose_scheme(registry, checkpoint, load_config.quant, dtype)
-        with torch.device(load_config.device):
-            model = arch.build(config, scheme, parallel)
+        model = _build(arch, config, scheme, parallel, load_config.device, config_file(checkpoint))
     report.architecture, report.scheme = arch.name, scheme.name
     context = NameContext(arch, config, frozenset(name for name, _ in model.named_parameters()))
     with report.phase("load_weights"):
-        stream_weights(model, checkpoint, registry.name_map(checkpoint.format, arch.name), context, report, progress)
+        stream_weights(model, checkpoint, name_map, context, report, progress)
     with report.phase("finish"):
         check_complete(model, checkpoint)
         finish(model)
@@ -152,6 +190,21 @@ def load_checkpoint(checkpoint: Checkpoint, *, registry: Registry, load_config: 
     report.num_parameters = sum(_logical_numel(p) for p in model.parameters())
     report.parameter_bytes = sum(p.nbytes for p in model.parameters()) + sum(b.nbytes for b in model.buffers())
     return model, arch, config, scheme
+
+
+def _name_map(registry: Registry, checkpoint: Checkpoint, arch):
+    try:
+        return registry.name_map(checkpoint.format, arch.name)
+    except UnknownNameError as exc:
+        raise exc.at_file(config_file(checkpoint)) from None
+
+
+def _build(arch, config: ModelConfig, scheme: QuantScheme, parallel: ParallelContext, device, file: str) -> nn.Module:
+    try:
+        with torch.device(device):
+            return arch.build(config, scheme, parallel)
+    except CheckpointError as exc:  # a layer refusing a config value (an activation it lacks...)
+        raise exc.located(file=file) from exc
 
 
 def _logical_numel(param) -> int:

@@ -12,6 +12,14 @@ import torch
 from torch import nn
 
 from ...kernels import runtime
+from ..errors import InvalidConfigError
+
+# rope_type -> the scaling keys it needs (each a positive number); config_checks validates against this
+SCALING_KEYS: dict[str, tuple[str, ...]] = {
+    "default": (),
+    "linear": ("factor",),
+    "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
+}
 
 
 def inverse_frequencies(rotary_dim: int, base: float, scaling: dict | None) -> torch.Tensor:
@@ -23,7 +31,8 @@ def inverse_frequencies(rotary_dim: int, base: float, scaling: dict | None) -> t
         return inv_freq / float(scaling["factor"])
     if kind == "llama3":
         return _llama3(inv_freq, scaling)
-    raise ValueError(f"rope scaling type {kind!r} is not supported (supported: default, linear, llama3)")
+    raise InvalidConfigError(f"rope scaling type {kind!r} is not supported (supported: {', '.join(SCALING_KEYS)})",
+                             key="rope_scaling")
 
 
 def _llama3(inv_freq: torch.Tensor, scaling: dict) -> torch.Tensor:

@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from toolkit.core.config import ModelConfig
+from toolkit.core.errors import InvalidConfigError
 from toolkit.core.layers import (Attention, AttentionMetadata, MergedColumnParallelLinear, ParallelLMHead,
                                  QKVParallelLinear, RMSNorm, RotaryEmbedding, RowParallelLinear, VocabParallelEmbedding)
 from toolkit.core.parallel import ParallelContext
@@ -75,7 +76,8 @@ class GatedMLP(nn.Module):
         self.down_proj = RowParallelLinear(config.intermediate_size, config.hidden_size, quant=quant,
                                            parallel=parallel, prefix=f"{prefix}.down_proj")
         if config.hidden_act not in ACTIVATIONS:
-            raise ValueError(f"activation {config.hidden_act!r} is not supported ({', '.join(ACTIVATIONS)})")
+            raise InvalidConfigError(f"activation {config.hidden_act!r} is not supported ({', '.join(ACTIVATIONS)})",
+                                     key="hidden_act")
         self.act = ACTIVATIONS[config.hidden_act]
         self.activation = config.hidden_act
 
