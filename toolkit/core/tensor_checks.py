@@ -7,7 +7,7 @@
   ``0 .. num_layers - 1``.
 * Shapes (when the checkpoint can tell logical shapes without reading data, ``tensor_shapes()``):
   the embedding implies vocab and hidden size, the k/v projections the KV heads, the q projection
-  a multiple of the heads.
+  a multiple of the heads (ShapeMismatchError naming the tensor and the config key).
 
 Names are the canonical Hugging Face ones the name map produces; nothing here knows a format.
 """
@@ -19,7 +19,7 @@ from typing import Any
 
 from .config import ModelConfig
 from .config_checks import implied_parameters
-from .errors import InvalidConfigError
+from .errors import InvalidConfigError, ShapeMismatchError
 from .names import NameContext
 
 # The fewest bits per weight any supported storage uses is ~1.56 (1-bit-ish quants); half of that
@@ -110,12 +110,12 @@ def check_shapes(config: ModelConfig, context: NameContext, mapped: dict[str, tu
             _expect(shape, (config.num_kv_heads * hd, hidden), name, file, "num_key_value_heads/head_dim/hidden_size")
         elif member.endswith(".self_attn.q_proj.weight"):
             if len(shape) != 2 or shape[1] != hidden or shape[0] % (config.num_heads * hd):
-                raise InvalidConfigError(
-                    f"q projection of shape {list(shape)} does not fit num_attention_heads={config.num_heads} x "
+                raise ShapeMismatchError(
+                    f"q projection of shape {shape} does not fit num_attention_heads={config.num_heads} x "
                     f"head_dim={hd} over hidden_size={hidden}", file=file, tensor=name, key="num_attention_heads")
 
 
 def _expect(shape: tuple[int, ...], expected: tuple[int, int], name: str, file: str, keys: str) -> None:
     if shape != expected:
-        raise InvalidConfigError(f"tensor shape {list(shape)} contradicts the config, which implies "
-                                 f"{list(expected)} ({keys})", file=file, tensor=name, key=keys.split("/")[0])
+        raise ShapeMismatchError(f"tensor shape {shape} contradicts the config, which implies {expected} ({keys})",
+                                 file=file, tensor=name, key=keys.split("/")[0])

@@ -42,8 +42,9 @@ class BnbCheckpoint:
     quant_scheme = "bnb"
 
     def __init__(self, folder: Path, *, override: str | None = None):
-        self._inner = HFCheckpoint(folder, override=override)
+        self._inner = HFCheckpoint(folder, override=override, packed=True)
         self.folder, self.files, self.hf_config = folder, self._inner.files, self._inner.hf_config
+        self.config_file = self._inner.config_file
         self.quant_metadata = self.hf_config.get("quantization_config")
         self._groups = self._group_names(self._inner.tensor_names())
 

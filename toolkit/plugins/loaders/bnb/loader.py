@@ -7,7 +7,7 @@ from pathlib import Path
 
 from toolkit.core.checkpoint import Source
 from toolkit.core.errors import SourceError
-from toolkit.plugins.loaders.safetensors.checkpoint import weight_files
+from toolkit.plugins.loaders.safetensors.checkpoint import has_weights
 
 from .checkpoint import BnbCheckpoint
 
@@ -19,7 +19,7 @@ class BnbLoader:
 
     def detect(self, source: Source) -> float | None:
         folder = _folder(source)
-        if not weight_files(folder, quiet=True):
+        if not has_weights(folder):
             return None
         try:
             config = json.loads((folder / "config.json").read_text())

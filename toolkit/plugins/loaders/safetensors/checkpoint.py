@@ -6,10 +6,7 @@ tensors (the refusal becomes UnsafeCheckpointError).
 """
 from __future__ import annotations
 
-import json
 import math
-import pickle
-import zipfile
 from pathlib import Path
 from typing import Iterator
 
@@ -17,20 +14,34 @@ import torch
 from safetensors import SafetensorError, safe_open
 
 from toolkit.core.checkpoint import CheckpointSummary, TensorInfo
-from toolkit.core.errors import CorruptFileError, SourceError, UnsafeCheckpointError
+from toolkit.core.errors import CorruptFileError, SourceError
 
-INDEX = "model.safetensors.index.json"
-BIN_INDEX = "pytorch_model.bin.index.json"
+from .files import BIN_INDEX, INDEX, load_bin, read_index, read_json_object
+
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json")
+
+
+def has_weights(folder: Path) -> bool:
+    """Whether ``folder`` looks like it holds HF weights (for ``detect``; ``open`` checks them)."""
+    return any((folder / index).is_file() for index in (INDEX, BIN_INDEX)) or \
+        any(folder.glob("*.safetensors")) or any(folder.glob("pytorch_model*.bin"))
+
+
+def weight_map(folder: Path) -> tuple[Path | None, dict[str, Path] | None]:
+    """(index file, tensor name -> shard) of the checkpoint's index; (None, None) without one."""
+    for index_name in (INDEX, BIN_INDEX):
+        index = folder / index_name
+        if index.exists():
+            return index, read_index(index)
+    return None, None
 
 
 def weight_files(folder: Path, *, quiet: bool = False) -> list[Path]:
     """The checkpoint's weight files in index order (safetensors preferred over .bin)."""
-    for index_name, pattern in ((INDEX, "*.safetensors"), (BIN_INDEX, "pytorch_model*.bin")):
-        index = folder / index_name
-        if index.exists():
-            names = json.loads(index.read_text())["weight_map"].values()
-            return [folder / name for name in dict.fromkeys(names)]
+    _, mapping = weight_map(folder)
+    if mapping is not None:
+        return list(dict.fromkeys(mapping.values()))
+    for pattern in ("*.safetensors", "pytorch_model*.bin"):
         found = sorted(folder.glob(pattern))
         if found:
             return found
@@ -44,28 +55,47 @@ class HFCheckpoint:
     quant_scheme = None
     quant_metadata = None
 
-    def __init__(self, folder: Path, *, override: str | None = None):
-        self.folder = folder
-        self.files = tuple(weight_files(folder))
+    def __init__(self, folder: Path, *, override: str | None = None, packed: bool = False):
+        """:param packed: integer and scalar tensors are expected (a quantized checkpoint's codes)"""
+        self.folder, self.packed = folder, packed
+        self.index_file, self.weight_map = weight_map(folder)
+        self.files = tuple(dict.fromkeys(self.weight_map.values())) if self.weight_map else tuple(weight_files(folder))
         config_path = Path(override) / "config.json" if override else folder / "config.json"
-        self.hf_config = _read_json(config_path)
+        self.config_file = str(config_path)
+        self.hf_config = read_json_object(config_path)
         self._names: list[tuple[str, Path]] | None = None
 
     # ---- tensors ------------------------------------------------------------------------
     def _index(self) -> list[tuple[str, Path]]:
         if self._names is None:
-            self._names = [(name, path) for path in self.files for name in _keys(path)]
+            self._names = [(name, path) for path in self.files for name in _keys(path, self.packed)]
+            self._check_index()
         return self._names
+
+    def _check_index(self) -> None:
+        """Every tensor the index places in a shard is in that shard."""
+        if self.weight_map is None:
+            return
+        held = {(name, path) for name, path in self._names}
+        for name, path in self.weight_map.items():
+            if (name, path) not in held:
+                raise CorruptFileError(f"the index places this tensor in {path.name}, which does not hold it",
+                                       file=str(self.index_file), tensor=name)
+
+    def tensor_shapes(self) -> dict[str, tuple[int, ...]]:
+        """Logical shapes from the headers (no tensor data read); see core/tensor_checks.py."""
+        return {info.name: info.shape for path in self.files for info in _tensor_infos(path, self.packed)}
 
     def tensor_names(self) -> list[str]:
         return [name for name, _ in self._index()]
 
     def read_tensors(self) -> Iterator[tuple[str, str, torch.Tensor]]:
+        self._index()  # the index is checked against the shards before any tensor is yielded
         for path in self.files:
             if path.suffix == ".safetensors":
                 yield from _read_safetensors(path)
             else:
-                for name, tensor in _load_bin(path).items():
+                for name, tensor in load_bin(path, packed=self.packed).items():
                     yield name, str(path), tensor
 
     # ---- the rest of the contract -------------------------------------------------------
@@ -77,19 +107,12 @@ class HFCheckpoint:
         return AutoTokenizer.from_pretrained(self.folder)
 
     def summary(self) -> CheckpointSummary:
-        tensors = [info for path in self.files for info in _tensor_infos(path)]
+        tensors = [info for path in self.files for info in _tensor_infos(path, self.packed)]
         arch = (self.hf_config.get("architectures") or [self.hf_config.get("model_type", "?")])[0]
         return CheckpointSummary(format=self.format, architecture=arch, metadata=self.hf_config, tensors=tensors)
 
     def close(self) -> None:
         return None
-
-
-def _read_json(path: Path) -> dict:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise CorruptFileError(f"cannot read JSON: {exc}", file=str(path)) from exc
 
 
 def _open(path: Path):
@@ -99,9 +122,9 @@ def _open(path: Path):
         raise CorruptFileError(f"not a readable safetensors file: {exc}", file=str(path)) from exc
 
 
-def _keys(path: Path) -> list[str]:
+def _keys(path: Path, packed: bool) -> list[str]:
     if path.suffix != ".safetensors":
-        return list(_load_bin(path))
+        return list(load_bin(path, packed=packed))
     with _open(path) as handle:
         return list(handle.keys())
 
@@ -116,9 +139,10 @@ def _read_safetensors(path: Path) -> Iterator[tuple[str, str, torch.Tensor]]:
             yield name, str(path), tensor
 
 
-def _tensor_infos(path: Path) -> list[TensorInfo]:
+def _tensor_infos(path: Path, packed: bool = False) -> list[TensorInfo]:
     if path.suffix != ".safetensors":
-        return [TensorInfo(n, tuple(t.shape), str(t.dtype), t.nbytes, path.name) for n, t in _load_bin(path).items()]
+        return [TensorInfo(n, tuple(t.shape), str(t.dtype), t.nbytes, path.name)
+                for n, t in load_bin(path, packed=packed).items()]
     infos = []
     with _open(path) as handle:
         for name in handle.keys():
@@ -131,17 +155,3 @@ def _tensor_infos(path: Path) -> list[TensorInfo]:
 
 def _dtype_bytes(dtype: str) -> int:
     return {"F64": 8, "I64": 8, "F32": 4, "I32": 4, "F16": 2, "BF16": 2, "I16": 2}.get(dtype, 1)
-
-
-def _load_bin(path: Path) -> dict[str, torch.Tensor]:
-    try:
-        # mmap needs the zip container torch.save writes since 1.6; older pickles load eagerly
-        state = torch.load(path, map_location="cpu", weights_only=True, mmap=zipfile.is_zipfile(path))
-    except pickle.UnpicklingError as exc:
-        raise UnsafeCheckpointError(f"refused: the pickle holds objects other than tensors ({exc})",
-                                    file=str(path)) from exc
-    except (RuntimeError, EOFError, OSError) as exc:
-        raise CorruptFileError(f"not a readable torch checkpoint: {exc}", file=str(path)) from exc
-    if not isinstance(state, dict):
-        raise UnsafeCheckpointError(f"expected a dict of tensors, found {type(state).__name__}", file=str(path))
-    return state

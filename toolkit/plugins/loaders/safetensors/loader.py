@@ -6,7 +6,7 @@ from pathlib import Path
 from toolkit.core.checkpoint import Source
 from toolkit.core.errors import SourceError
 
-from .checkpoint import HFCheckpoint, weight_files
+from .checkpoint import HFCheckpoint, has_weights
 from .writer import HFWriter
 
 
@@ -15,7 +15,7 @@ class SafetensorsLoader:
 
     def detect(self, source: Source) -> float | None:
         folder = source.path if source.is_dir else source.path.parent
-        if not (folder / "config.json").exists() or not weight_files(folder, quiet=True):
+        if not (folder / "config.json").exists() or not has_weights(folder):
             return None
         return 0.5  # the generic reader; format-specific loaders of HF layouts may claim more
 
