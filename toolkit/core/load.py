@@ -16,8 +16,8 @@ from . import source as sources
 from .checkpoint import Checkpoint, Source
 from .config import LoadConfig, ModelConfig
 from .config_checks import check_hf_config, check_model_config
-from .errors import (CheckpointError, InvalidConfigError, MissingTensorError, SourceError, UnexpectedTensorError,
-                     UnknownNameError)
+from .errors import (CheckpointError, InvalidConfigError, MissingTensorError, ShapeMismatchError, SourceError,
+                     UnexpectedTensorError, UnknownNameError)
 from .names import MappedName, NameContext
 from .parallel import SINGLE, ParallelContext
 from .quant import DEFAULT_SCHEME, QuantScheme
@@ -126,6 +126,13 @@ def _place(model: nn.Module, mapped: MappedName, tensor, context: NameContext, *
             getattr(module, param_name).load_replicated(value)
     except CheckpointError as exc:
         raise exc.located(file=file, tensor=tensor_name) from exc
+    except PLACE_ERRORS as exc:  # a value the checks before the build did not foresee; still named
+        raise ShapeMismatchError(f"cannot place this tensor into {mapped.canonical!r}: {type(exc).__name__}: {exc}",
+                                 file=file, tensor=tensor_name) from exc
+
+
+# What a layer's loader or a name map's transform raises on a tensor of an unforeseen shape or type
+PLACE_ERRORS = (RuntimeError, ValueError, IndexError, ZeroDivisionError, TypeError)
 
 
 def _load_expert(module: nn.Module, param_name: str, value, mapped: MappedName) -> None:

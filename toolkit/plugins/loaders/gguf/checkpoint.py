@@ -1,20 +1,24 @@
 """A GGUF model (one file or split parts) as a Checkpoint: config, tokenizer, packed tensors."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Iterator
 
 import numpy as np
 
 from toolkit.core.checkpoint import CheckpointSummary, TensorInfo
-from toolkit.core.errors import CorruptFileError, SourceError
+from toolkit.core.errors import CheckpointError, CorruptFileError, InvalidConfigError, SourceError
+from toolkit.plugins.loaders.safetensors.files import read_json_object
 
 from .config import hf_config
 from .metadata import Metadata
+from .metadata_checks import check_globals
 from .reader import FastGGUFReader, open_reader
 from .tensor import GGUFTensor, from_reader_tensor, type_name
 from .tokenizer import build_tokenizer
+from .tokenizer_checks import check_tokenizer_metadata
+
+MAX_CONFIG_VALUES = 1 << 16  # a config-bearing tensor (rope_freqs) holds one value per rotary pair
 
 
 class GGUFCheckpoint:
@@ -29,10 +33,13 @@ class GGUFCheckpoint:
 
     def __init__(self, parts: list[Path], *, config_override: str | None = None):
         self.files = tuple(parts)
+        self.config_file = str(parts[0])
         self._readers: list[FastGGUFReader] = [open_reader(path) for path in parts]
         self.metadata = Metadata(self._readers[0].fields, file=str(parts[0]))
         self._check_split()
         self._index = self._tensor_index()
+        # before any weight is read: a broken vocabulary fails now, not after the whole load
+        check_tokenizer_metadata(self.metadata)
         types = {name: type_name(int(t.tensor_type)) for name, (_, t) in self._index.items()}
         self.hf_config = hf_config(self.metadata, list(self._index), types, read_tensor=self._values)
         if config_override:
@@ -43,6 +50,7 @@ class GGUFCheckpoint:
     def _check_split(self) -> None:
         for index, reader in enumerate(self._readers):
             fields = Metadata(reader.fields, file=str(reader.path))
+            check_globals(fields)
             count = fields.get("split.count", 1 if index == 0 else None)
             if count is not None and int(count) != len(self._readers):
                 raise SourceError(f"metadata says the model has {count} split parts, but {len(self._readers)} "
@@ -68,7 +76,17 @@ class GGUFCheckpoint:
 
     def _values(self, name: str) -> np.ndarray:
         """A small tensor's values as float32 (config-bearing tensors such as ``rope_freqs``)."""
-        return from_reader_tensor(self._index[name][1]).to_dense().float().numpy()
+        reader, tensor = self._index[name]
+        if type_name(int(tensor.tensor_type)) not in ("F32", "F16", "BF16") or len(tensor.shape) != 1 \
+                or int(tensor.n_elements) > MAX_CONFIG_VALUES:
+            raise InvalidConfigError(f"expected a 1-D float tensor of at most {MAX_CONFIG_VALUES} values, found "
+                                     f"{type_name(int(tensor.tensor_type))} {list(tensor.shape)}",
+                                     file=str(reader.path), tensor=name)
+        return from_reader_tensor(tensor).to_dense().float().numpy()
+
+    def tensor_shapes(self) -> dict[str, tuple[int, ...]]:
+        """Logical shapes, torch order, from the tensor table (see core/tensor_checks.py)."""
+        return {name: tuple(int(d) for d in reversed(t.shape.tolist())) for name, (_, t) in self._index.items()}
 
     # ---- tensors ------------------------------------------------------------------------
     def tensor_names(self) -> list[str]:
@@ -81,7 +99,13 @@ class GGUFCheckpoint:
     # ---- the rest of the contract -------------------------------------------------------
     def tokenizer(self):
         if self._tokenizer is None:
-            self._tokenizer = build_tokenizer(self.metadata)
+            try:
+                self._tokenizer = build_tokenizer(self.metadata)
+            except (CheckpointError, KeyboardInterrupt, SystemExit):
+                raise
+            except BaseException as exc:  # noqa: BLE001 - the tokenizers library panics (a BaseException) on bad input
+                raise CorruptFileError(f"cannot build the tokenizer from tokenizer.ggml.*: {type(exc).__name__}: "
+                                       f"{exc}", file=str(self.files[0])) from exc
         return self._tokenizer
 
     def summary(self) -> CheckpointSummary:
@@ -97,7 +121,6 @@ class GGUFCheckpoint:
 
 def _read_override(folder: Path) -> dict:
     path = folder / "config.json" if folder.is_dir() else folder
-    try:
-        return json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise SourceError(f"cannot read the config override {path}: {exc}") from exc
+    if not path.is_file():
+        raise SourceError(f"the config override {path} does not exist")
+    return read_json_object(path)

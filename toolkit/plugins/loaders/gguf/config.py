@@ -11,8 +11,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
+from toolkit.core import validate as v
+
 from .hybrid import HYBRID_KEYS, hybrid_derived
 from .metadata import Metadata
+from .metadata_checks import check_hparams
 from .moe_names import MIXTRAL_KEYS, MOE_KEYS, mixtral_if_experts, qwen2moe_qkv_bias
 from .rope import scaling_from_divisors
 
@@ -102,7 +105,8 @@ def hf_config(metadata: Metadata, tensor_names: list[str], tensor_types: Mapping
 
     :param read_tensor: name -> values, for the few small tensors that carry config (``rope_freqs``)
     """
-    arch = metadata.require("general.architecture")
+    arch = v.text(metadata.require("general.architecture"), key="general.architecture", file=metadata.file)
+    check_hparams(metadata, arch)
     spec = ARCHS.get(arch)
     config: dict[str, Any] = {"model_type": spec.model_type if spec else arch,
                               "architectures": list(spec.architectures) if spec else []}

@@ -9,7 +9,7 @@ from typing import Any, Iterator, Mapping
 
 from gguf import GGUFValueType
 
-from toolkit.core.errors import MissingMetadataError
+from toolkit.core.errors import CorruptFileError, MissingMetadataError
 
 # Header pseudo-fields gguf-py adds; not metadata.
 HEADER_FIELDS = ("GGUF.version", "GGUF.tensor_count", "GGUF.kv_count")
@@ -23,7 +23,13 @@ class Metadata(Mapping[str, Any]):
 
     def __getitem__(self, key: str) -> Any:
         if key not in self._cache:
-            self._cache[key] = self._fields[key].contents()
+            field = self._fields[key]  # KeyError for an absent key, as a Mapping must
+            try:
+                self._cache[key] = field.contents()
+            except (UnicodeDecodeError, ValueError, IndexError, TypeError, OverflowError) as exc:
+                # strings are decoded here, lazily: a bad byte must still name the file and key
+                raise CorruptFileError(f"metadata value cannot be decoded: {type(exc).__name__}: {exc}",
+                                       file=self.file, key=key) from exc
         return self._cache[key]
 
     def __contains__(self, key: object) -> bool:  # without decoding the value

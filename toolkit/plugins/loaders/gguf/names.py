@@ -19,6 +19,7 @@ from typing import Any, Callable, Mapping
 
 import torch
 
+from toolkit.core.errors import ShapeMismatchError
 from toolkit.core.names import MappedName, NameContext, split_packed
 
 from .moe_names import EXPERT_LEAVES, MOE_LEAVES, ROUTER_LEAVES
@@ -117,12 +118,18 @@ def _subtract(tensor: torch.Tensor, *, offset: float) -> torch.Tensor:
 
 def rotary_row_order(rows: int, num_heads: int) -> torch.Tensor:
     """Source row for each model row: llama.cpp stores head h's rows as pairs (i, i + half)
-    interleaved; the model wants each head's first halves, then its second halves."""
+    interleaved; the model wants each head's first halves, then its second halves.
+
+    ShapeMismatchError when the rows are not whole pairs per head (a head count that does not fit)."""
+    if num_heads <= 0 or rows % (2 * num_heads):
+        raise ShapeMismatchError(f"{rows} rows cannot be {num_heads} heads of rotary pairs (head count wrong?)")
     return torch.arange(rows).view(num_heads, rows // num_heads // 2, 2).transpose(1, 2).reshape(-1)
 
 
 def unpermute_rotary_rows(tensor: Any, *, num_heads: int) -> Any:
     """Undo llama.cpp's q/k row permutation on packed rows (GGUFTensor) or a plain tensor."""
+    if isinstance(tensor, GGUFTensor) and (len(tensor.shape) != 2 or tensor.rows != tensor.shape[0]):
+        raise ShapeMismatchError(f"a q/k projection must be 2-D, found shape {tensor.shape}")
     order = rotary_row_order(tensor.shape[0], num_heads)  # biases arrive here already dense
     if isinstance(tensor, GGUFTensor):
         return tensor.with_data(tensor.data.index_select(0, order))

@@ -5,12 +5,16 @@ which takes ~13 s for Gemma 3's 262k-token vocabulary. ``FastGGUFReader`` overri
 step, producing the same ``ReaderField`` structure (``contents()`` answers as before); the
 header, tensor infos and memory-mapped tensor data remain gguf-py's.
 
-It also checks what gguf-py trusts: counts that cannot fit in the file, tensor data past the end,
-and tensor types ggml does not know. Every failure is a CorruptFileError or
+It also checks what gguf-py trusts: counts that cannot fit in the file, and the tensor table as
+llama.cpp's ``gguf_init_from_file`` does: known types, 1 to 4 dimensions each > 0, rows of whole
+blocks, and each tensor's data at exactly the offset the previous ones imply (in table order,
+each padded to ``general.alignment``), inside the file; so misaligned, overlapping, swapped or
+all-zero offsets are refused instead of loading garbage. Every failure is a CorruptFileError or
 UnsupportedQuantTypeError naming the file (and tensor), never an IndexError or a long loop.
 """
 from __future__ import annotations
 
+import math
 import struct
 from pathlib import Path
 
@@ -25,6 +29,8 @@ HEADER_BYTES = 24  # magic, version (u32), tensor count (u64), metadata count (u
 MIN_KV_BYTES = 8 + 4 + 1  # key length, value type, smallest value
 MIN_TENSOR_INFO_BYTES = 8 + 4 + 8 + 4 + 8  # name length, n_dims, one dim, type, offset
 KNOWN_TYPES = {int(t) for t in GGMLQuantizationType}
+MAX_DIMS = 4  # GGML_MAX_DIMS
+MAX_ELEMENTS = 1 << 50  # ggml counts elements in int64; far beyond any file
 
 
 def has_magic(path: Path) -> bool:
@@ -43,7 +49,8 @@ def open_reader(path: Path) -> "FastGGUFReader":
         reader = FastGGUFReader(path)
     except CheckpointError:
         raise
-    except (ValueError, IndexError, KeyError, OverflowError, UnicodeDecodeError, struct.error, OSError) as exc:
+    except (ValueError, IndexError, KeyError, OverflowError, UnicodeDecodeError, struct.error, OSError, TypeError,
+            ZeroDivisionError, MemoryError) as exc:
         raise CorruptFileError(f"not a readable GGUF file: {type(exc).__name__}: {exc}", file=str(path)) from exc
     if reader.byte_order != "I":  # tensor bytes would need swapping; such files are vanishingly rare
         raise CorruptFileError("the file's byte order differs from this machine's; not supported", file=str(path))
@@ -137,27 +144,41 @@ class FastGGUFReader(GGUFReader):
         return offs - orig_offs, parts, idxs, types
 
     def _build_tensors(self, start_offs: int, fields) -> None:
+        expected = 0  # llama.cpp: each tensor starts where the previous one's padded data ends
         for field in fields:
-            self._check_tensor(start_offs, field)
+            expected = self._check_tensor(start_offs, field, expected)
         super()._build_tensors(start_offs, fields)
 
-    def _check_tensor(self, start_offs: int, field) -> None:
-        """Type known to ggml, whole blocks per row, data inside the file; checked before gguf-py slices it."""
+    def _check_tensor(self, start_offs: int, field, expected: int) -> int:
+        """Checks one tensor-table row before gguf-py slices it; returns where the next tensor must start."""
         _, name_data, _, dims, raw_dtype, offset = field.parts
         name = bytes(name_data).decode("utf-8", errors="replace")
         qtype = int(raw_dtype[0])
         if qtype not in KNOWN_TYPES:
             raise UnsupportedQuantTypeError(f"unknown GGML tensor type {qtype}", file=str(self.path), tensor=name)
-        block, type_bytes = GGML_QUANT_SIZES[GGMLQuantizationType(qtype)]
         shape = [int(d) for d in dims]
-        if shape and shape[0] % block:
+        if not 1 <= len(shape) <= MAX_DIMS or min(shape) <= 0:
+            raise CorruptFileError(f"tensor dimensions {shape}: a tensor has 1 to {MAX_DIMS} dimensions, each > 0",
+                                   file=str(self.path), tensor=name)
+        elements = math.prod(shape)
+        if elements > MAX_ELEMENTS:
+            raise CorruptFileError(f"tensor dimensions {shape} hold {elements} elements, more than any file can",
+                                   file=str(self.path), tensor=name)
+        block, type_bytes = GGML_QUANT_SIZES[GGMLQuantizationType(qtype)]
+        if shape[0] % block:
             raise CorruptFileError(f"row length {shape[0]} is not a multiple of the {block}-element block of "
                                    f"{GGMLQuantizationType(qtype).name}", file=str(self.path), tensor=name)
-        nbytes = int(np.prod(shape, dtype=np.int64)) // block * type_bytes
-        begin = start_offs + int(offset[0])
+        nbytes = elements // block * type_bytes
+        stored = int(offset[0])
+        begin = start_offs + stored
         if begin + nbytes > len(self.data):
             raise CorruptFileError(f"tensor data [{begin}, {begin + nbytes}) lies past the end of the file "
                                    f"({len(self.data)} bytes; truncated?)", file=str(self.path), tensor=name)
+        if stored != expected:
+            raise CorruptFileError(f"tensor data offset {stored} is not the expected {expected} (tensors must follow "
+                                   f"each other in table order, each padded to {self.alignment} bytes: misaligned, "
+                                   "overlapping or reordered data)", file=str(self.path), tensor=name)
+        return expected + -(-nbytes // self.alignment) * self.alignment
 
     def _corrupt(self, message: str) -> CorruptFileError:
         return CorruptFileError(message, file=str(self.path))

@@ -1,0 +1,110 @@
+"""GGUF tokenizer metadata (``tokenizer.ggml.*``), checked when the file is opened.
+
+The tokenizer is built after every weight has loaded; a broken vocabulary must not cost that
+load, nor surface as an error from deep inside the ``tokenizers`` library. This runs first and
+checks what the tokenizer builder relies on: the token list is an array of UTF-8 strings, scores
+and token types (when present) are numeric arrays of the same length, scores exist where merges
+must be derived from them, merges are ``"left right"`` pairs of vocabulary pieces, special token
+ids are integers inside the vocabulary. It is kept apart from ``tokenizer.py`` (the builder) so
+that either can change without the other.
+"""
+from __future__ import annotations
+
+import math
+
+from gguf import GGUFValueType
+
+from toolkit.core import validate as v
+from toolkit.core.errors import InvalidConfigError, MissingMetadataError
+
+from .metadata import Metadata
+
+PREFIX = "tokenizer.ggml."
+TOKEN_IDS = ("bos_token_id", "eos_token_id", "eot_token_id", "eom_token_id", "unknown_token_id",
+             "padding_token_id", "sep_token_id", "cls_token_id", "mask_token_id")
+FLAGS = ("add_bos_token", "add_eos_token", "add_space_prefix")
+TEXTS = ("model", "pre")
+NUMERIC = {GGUFValueType.UINT8, GGUFValueType.INT8, GGUFValueType.UINT16, GGUFValueType.INT16,
+           GGUFValueType.UINT32, GGUFValueType.INT32, GGUFValueType.UINT64, GGUFValueType.INT64,
+           GGUFValueType.FLOAT32, GGUFValueType.FLOAT64}
+INTEGER = NUMERIC - {GGUFValueType.FLOAT32, GGUFValueType.FLOAT64}
+# Architectures whose SentencePiece merges come from the token order, not the scores (see tokenizer.py)
+ORDER_MERGES_ARCHS = ("gemma", "gemma2", "gemma3")
+
+
+def check_tokenizer_metadata(metadata: Metadata) -> None:
+    """InvalidConfigError / MissingMetadataError / CorruptFileError naming the file and the key."""
+    tokens_key = PREFIX + "tokens"
+    if tokens_key not in metadata:
+        return
+    file = metadata.file
+    _expect_array(metadata, tokens_key, {GGUFValueType.STRING}, "strings")
+    tokens = metadata[tokens_key]  # decoding errors are typed by Metadata
+    if not tokens:
+        raise InvalidConfigError("the token list is empty", file=file, key=tokens_key)
+    count = len(tokens)
+    for suffix in TEXTS:
+        if PREFIX + suffix in metadata:
+            v.text(metadata[PREFIX + suffix], key=PREFIX + suffix, file=file)
+    for suffix in FLAGS:
+        if PREFIX + suffix in metadata:
+            v.flag(metadata[PREFIX + suffix], key=PREFIX + suffix, file=file)
+    for suffix in TOKEN_IDS:
+        if PREFIX + suffix in metadata:
+            v.integer(metadata[PREFIX + suffix], key=PREFIX + suffix, file=file, minimum=0, maximum=count - 1)
+    if "tokenizer.chat_template" in metadata:
+        v.text(metadata["tokenizer.chat_template"], key="tokenizer.chat_template", file=file, allow_empty=True)
+    _check_parallel_arrays(metadata, count)
+    _check_merges(metadata, set(tokens))
+    _check_scores_needed(metadata)
+
+
+def _expect_array(metadata: Metadata, key: str, item_types: set, what: str) -> None:
+    field = metadata._fields[key]  # noqa: SLF001 - the types, without decoding the values
+    types = list(field.types)
+    if not types or types[0] != GGUFValueType.ARRAY or len(types) != 2 or types[1] not in item_types:
+        found = "/".join(t.name for t in types) or "nothing"
+        raise InvalidConfigError(f"expected an array of {what}, found {found}", file=metadata.file, key=key)
+
+
+def _check_parallel_arrays(metadata: Metadata, count: int) -> None:
+    """scores (numbers) and token_type (integers), one per token."""
+    for suffix, types, what in (("scores", NUMERIC, "numbers"), ("token_type", INTEGER, "integers")):
+        key = PREFIX + suffix
+        if key not in metadata:
+            continue
+        _expect_array(metadata, key, types, what)
+        length = metadata.length(key)
+        if length != count:
+            raise InvalidConfigError(f"{length} entries for {count} tokens", file=metadata.file, key=key)
+    if PREFIX + "scores" in metadata:
+        bad = next((i for i, s in enumerate(metadata[PREFIX + "scores"]) if not math.isfinite(float(s))), None)
+        if bad is not None:
+            raise InvalidConfigError(f"score of token {bad} is not finite", file=metadata.file, key=PREFIX + "scores")
+
+
+def _check_merges(metadata: Metadata, vocabulary: set[str]) -> None:
+    key = PREFIX + "merges"
+    if key not in metadata:
+        return
+    _expect_array(metadata, key, {GGUFValueType.STRING}, "strings")
+    for index, merge in enumerate(metadata[key]):
+        parts = merge.split(" ", 1)
+        if len(parts) != 2 or not all(parts):
+            raise InvalidConfigError(f"merge {index} ({merge[:40]!r}) is not two pieces separated by one space",
+                                     file=metadata.file, key=key)
+        missing = next((p for p in (*parts, parts[0] + parts[1]) if p not in vocabulary), None)
+        if missing is not None:
+            raise InvalidConfigError(f"merge {index} ({merge[:40]!r}) uses {missing[:40]!r}, which is not a token",
+                                     file=metadata.file, key=key)
+
+
+def _check_scores_needed(metadata: Metadata) -> None:
+    """A SentencePiece vocabulary without merges derives them from the scores, so it needs them."""
+    kind = metadata.get(PREFIX + "model", "llama")
+    if kind != "llama" or PREFIX + "merges" in metadata or PREFIX + "scores" in metadata:
+        return
+    if metadata.get("general.architecture") in ORDER_MERGES_ARCHS:
+        return
+    raise MissingMetadataError("a SentencePiece ('llama') vocabulary without merges needs tokenizer.ggml.scores",
+                               file=metadata.file, key=PREFIX + "scores")
