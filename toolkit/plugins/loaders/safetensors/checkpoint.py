@@ -104,7 +104,13 @@ class HFCheckpoint:
             return None
         from transformers import AutoTokenizer  # noqa: PLC0415 - slow import, only when needed
 
-        return AutoTokenizer.from_pretrained(self.folder)
+        try:
+            return AutoTokenizer.from_pretrained(self.folder)
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except BaseException as exc:  # noqa: BLE001 - transformers/tokenizers on untrusted files (tokenizers can panic)
+            raise CorruptFileError(f"cannot load the tokenizer: {type(exc).__name__}: {exc}",
+                                   file=str(self.folder)) from exc
 
     def summary(self) -> CheckpointSummary:
         tensors = [info for path in self.files for info in _tensor_infos(path, self.packed)]

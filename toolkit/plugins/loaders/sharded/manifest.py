@@ -19,6 +19,7 @@ from typing import Any
 from toolkit.core.errors import CorruptFileError, MissingMetadataError
 
 from .errors import TensorParallelMismatchError
+from .manifest_checks import check_manifest
 from .stored import json_text
 
 VERSION = 1
@@ -57,10 +58,10 @@ def find(folder: Path, name: str, tag: str) -> Path | None:
 
 
 def read(path: Path, tag: str) -> dict[str, Any]:
-    """The parsed, checked manifest; CorruptFileError/MissingMetadataError naming the file."""
+    """The parsed, checked manifest (see manifest_checks.py); typed errors naming the file and key."""
     try:
-        manifest = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
+        manifest = json.loads(path.read_bytes().decode("utf-8"))
+    except (OSError, ValueError, RecursionError) as exc:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
         raise CorruptFileError(f"cannot read the manifest: {exc}", file=str(path)) from exc
     if not isinstance(manifest, dict) or manifest.get("format") != tag:
         raise CorruptFileError(f"not a {tag} manifest", file=str(path))
@@ -68,8 +69,9 @@ def read(path: Path, tag: str) -> dict[str, Any]:
     if missing:
         raise MissingMetadataError(f"manifest lacks {', '.join(missing)}", file=str(path))
     if manifest["version"] != VERSION:
-        raise CorruptFileError(f"manifest version {manifest['version']} is not supported (expected {VERSION})",
+        raise CorruptFileError(f"manifest version {manifest['version']!r} is not supported (expected {VERSION})",
                                file=str(path))
+    check_manifest(manifest, path)
     return manifest
 
 

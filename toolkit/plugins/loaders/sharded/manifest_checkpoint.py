@@ -21,6 +21,7 @@ class ManifestCheckpoint:
         self.folder, self.tp_rank, self.tp_size = folder, tp_rank, tp_size
         self.manifest_path = folder / manifest_name
         self.manifest = manifest.read(self.manifest_path, tag)
+        self.config_file = str(self.manifest_path)
         self.hf_config: dict = self.manifest["hf_config"]
         self.quant_scheme: str | None = self.manifest["quant_scheme"]
         self.quant_metadata: Any = self.manifest.get("quant_metadata")

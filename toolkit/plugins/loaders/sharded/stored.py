@@ -15,7 +15,7 @@ from typing import Any, Iterator
 import torch
 from torch import nn
 
-from toolkit.core.errors import ConversionError
+from toolkit.core.errors import ConversionError, CorruptFileError
 from toolkit.core.names import MappedName, NameContext
 from toolkit.core.params import ModelParameter
 
@@ -163,4 +163,10 @@ def load_tokenizer(folder, names: list[str]):
         return None
     from transformers import AutoTokenizer  # noqa: PLC0415 - slow import, only when needed
 
-    return AutoTokenizer.from_pretrained(str(folder))
+    try:
+        return AutoTokenizer.from_pretrained(str(folder))
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException as exc:  # noqa: BLE001 - transformers/tokenizers on untrusted files (tokenizers can panic)
+        raise CorruptFileError(f"cannot load the saved tokenizer ({', '.join(names)}): {type(exc).__name__}: {exc}",
+                               file=str(folder)) from exc

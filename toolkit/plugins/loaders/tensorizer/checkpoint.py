@@ -67,8 +67,10 @@ def _deserialize(path: Path, device: torch.device, key: Key | None, verify_hash:
     except CryptographyError as exc:
         raise DecryptionError(f"cannot decrypt (wrong key, or the file was modified): {exc}",
                               file=str(path)) from exc
-    except (OSError, ValueError, EOFError) as exc:
-        raise CorruptFileError(f"not a readable tensorizer file: {exc}", file=str(path)) from exc
+    except CheckpointError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - a parser of untrusted bytes: whatever it raises, the file is bad
+        raise CorruptFileError(f"not a readable tensorizer file: {type(exc).__name__}: {exc}", file=str(path)) from exc
 
 
 def _check_record(record: dict[str, Any] | None, name: str, tensor: torch.Tensor, path: Path) -> None:

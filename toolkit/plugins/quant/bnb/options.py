@@ -6,9 +6,11 @@ Spec strings: ``bnb-nf4``, ``bnb-fp4`` (options ``block_size``, ``double_quant``
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
-from toolkit.core.errors import UnsupportedQuantTypeError
+from toolkit.core import validate as v
+from toolkit.core.errors import InvalidConfigError, UnsupportedQuantTypeError
 
 BLOCK_SIZES = (32, 64, 128, 256, 512, 1024, 2048, 4096)  # what bitsandbytes.quantize_4bit accepts
 QUANT_TYPES = ("nf4", "fp4")
@@ -59,13 +61,17 @@ def from_quantization_config(config: dict | None, *, source: str = "config.json"
     The 4-bit block size is per tensor (in each ``quant_state``), so the returned one is only the
     default used to quantize a tensor the checkpoint left in full precision.
     """
-    config = config or {}
+    config = v.mapping(config or {}, key="quantization_config", file=source)
     if config.get("quant_method") != "bitsandbytes":
         raise UnsupportedQuantTypeError(f"quantization_config.quant_method is {config.get('quant_method')!r}, "
                                         "not 'bitsandbytes'", file=source)
-    skip = tuple(config.get("llm_int8_skip_modules") or ())
+    skip = _skip_patterns(config.get("llm_int8_skip_modules") or (), source)
+    for key in ("load_in_8bit", "load_in_4bit", "bnb_4bit_use_double_quant"):
+        if config.get(key) is not None:
+            v.flag(config[key], key=f"quantization_config.{key}", file=source)
     if config.get("load_in_8bit"):
-        return Int8Options(float(config.get("llm_int8_threshold", 6.0)), skip)
+        return Int8Options(v.real(config.get("llm_int8_threshold", 6.0), key="quantization_config.llm_int8_threshold",
+                                  file=source, inclusive=True), skip)
     if config.get("load_in_4bit"):
         quant_type = config.get("bnb_4bit_quant_type", "fp4")
         if quant_type not in QUANT_TYPES:
@@ -73,6 +79,19 @@ def from_quantization_config(config: dict | None, *, source: str = "config.json"
                                             file=source)
         return FourBitOptions(quant_type, 64, bool(config.get("bnb_4bit_use_double_quant")), skip)
     raise UnsupportedQuantTypeError("quantization_config sets neither load_in_4bit nor load_in_8bit", file=source)
+
+
+def _skip_patterns(value, source: str) -> tuple[str, ...]:
+    """``llm_int8_skip_modules``: module names or regexes (transformers' rule), each compiled here so
+    a malformed one is a typed error naming the file, not a ``re.error`` while building layers."""
+    patterns = v.texts(value, key="quantization_config.llm_int8_skip_modules", file=source, max_items=4096)
+    for pattern in patterns:
+        try:
+            re.compile(pattern)
+        except re.error as exc:
+            raise InvalidConfigError(f"{pattern!r} is not a valid module pattern: {exc}", file=source,
+                                     key="quantization_config.llm_int8_skip_modules") from exc
+    return patterns
 
 
 def _key_values(spec: str, rest: str) -> dict[str, str]:

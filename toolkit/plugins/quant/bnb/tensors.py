@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 from toolkit.core.errors import CorruptFileError, MissingTensorError, ShapeMismatchError, UnsupportedQuantTypeError
 
-from .options import QUANT_TYPES
+from .options import BLOCK_SIZES, QUANT_TYPES
 
 if TYPE_CHECKING:
     from bitsandbytes.functional import QuantState
@@ -105,9 +105,21 @@ def parse_quant_state(tensor: Bnb4bitTensor, device) -> QuantState:
                                      tensor=f"{tensor.name}.{key}")
     _check_sizes(tensor, meta)
     parts = {key: tensor.stats[key] for key in required}
+    for key, value in parts.items():
+        if not value.dtype.is_floating_point and value.dtype != torch.uint8 or value.dim() == 0 and key != "absmax":
+            raise CorruptFileError(f"{key} is a {value.dtype} {tuple(value.shape)} tensor; expected float statistics",
+                                   file=tensor.file, tensor=f"{tensor.name}.{key}")
+    if parts["quant_map"].numel() != 16 or (parts.get("nested_quant_map") is not None
+                                            and parts["nested_quant_map"].numel() != 256):
+        raise ShapeMismatchError("quant_map must hold 16 values (nested_quant_map 256)", file=tensor.file,
+                                 tensor=f"{tensor.name}.quant_map")
     from bitsandbytes.functional import QuantState  # noqa: PLC0415
 
-    return QuantState.from_dict({**parts, **meta}, device=torch.device(device))
+    try:
+        return QuantState.from_dict({**parts, **meta}, device=torch.device(device))
+    except (KeyError, ValueError, TypeError, AttributeError, RuntimeError) as exc:
+        raise CorruptFileError(f"bitsandbytes cannot read this quant_state: {type(exc).__name__}: {exc}",
+                               file=tensor.file, tensor=tensor.name) from exc
 
 
 def state_meta(tensor: Bnb4bitTensor) -> dict:
@@ -124,15 +136,42 @@ def state_meta(tensor: Bnb4bitTensor) -> dict:
                                         file=tensor.file, tensor=f"{tensor.name}.{key}")
     try:
         meta = json.loads(bytes(tensor.stats[key].to(torch.uint8).tolist()).decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
         raise CorruptFileError(f"quant_state is not JSON: {exc}", file=tensor.file, tensor=f"{tensor.name}.{key}")
-    if not isinstance(meta, dict) or meta.get("quant_type") != kind:
+    if not isinstance(meta, dict):
+        raise CorruptFileError(f"quant_state is a JSON {type(meta).__name__}, not an object", file=tensor.file,
+                               tensor=f"{tensor.name}.{key}")
+    if meta.get("quant_type") != kind:
         raise UnsupportedQuantTypeError(f"quant_state says quant_type {meta.get('quant_type')!r} but is named {kind}",
                                         file=tensor.file, tensor=f"{tensor.name}.{key}")
     for item in ("blocksize", "shape", "dtype"):
         if item not in meta:
             raise CorruptFileError(f"quant_state lacks {item!r}", file=tensor.file, tensor=f"{tensor.name}.{key}")
+    _check_meta_values(meta, file=tensor.file, where=f"{tensor.name}.{key}")
     return meta
+
+
+FLOAT_DTYPES = ("float32", "float16", "bfloat16")
+
+
+def _check_meta_values(meta: dict, *, file: str | None, where: str) -> None:
+    """Types and ranges of the quant_state fields bitsandbytes' QuantState.from_dict trusts."""
+    def fail(message: str):
+        return CorruptFileError(f"quant_state {message}", file=file, tensor=where)
+
+    for item in ("blocksize", "nested_blocksize"):
+        if item in meta and (type(meta[item]) is not int or meta[item] not in BLOCK_SIZES):
+            raise fail(f"{item} {meta[item]!r} is not one of {BLOCK_SIZES}")
+    shape = meta["shape"]
+    if not isinstance(shape, list) or len(shape) != 2 or any(type(d) is not int or not 0 < d < 1 << 31 for d in shape):
+        raise fail(f"shape {shape!r} is not two positive integers")
+    for item in ("dtype", "nested_dtype"):
+        if item in meta and meta[item] not in FLOAT_DTYPES:
+            raise fail(f"{item} {meta[item]!r} is not one of {FLOAT_DTYPES}")
+    if "nested_offset" in meta:
+        offset = meta["nested_offset"]
+        if isinstance(offset, bool) or not isinstance(offset, (int, float)) or not math.isfinite(offset):
+            raise fail(f"nested_offset {offset!r} is not a finite number")
 
 
 def _check_sizes(tensor: Bnb4bitTensor, meta: dict) -> None:
