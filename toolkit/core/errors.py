@@ -88,8 +88,8 @@ class UnsafeCheckpointError(CheckpointError):
 
 
 def _real_file(file: str | None) -> bool:
-    # "config" is what architecture code passes when it knows no file name
-    return bool(file) and file != "config"
+    # code that reads a config dict names no path ("config", "config.json"); the pipeline knows it
+    return bool(file) and ("/" in file or "\\" in file)
 
 
 class InvalidConfigError(CheckpointError):

@@ -23,7 +23,7 @@ class BnbLoader:
             return None
         try:
             config = json.loads((folder / "config.json").read_text())
-        except (OSError, ValueError):
+        except (OSError, ValueError, RecursionError):  # open() reports a broken config precisely
             return None
         quant = config.get("quantization_config") if isinstance(config, dict) else None
         return CONFIDENCE if isinstance(quant, dict) and quant.get("quant_method") == "bitsandbytes" else None

@@ -53,7 +53,7 @@ def find(folder: Path, name: str, tag: str) -> Path | None:
         return None
     try:
         return path if json.loads(path.read_text()).get("format") == tag else None
-    except (OSError, ValueError, AttributeError):
+    except (OSError, ValueError, AttributeError, RecursionError):
         return None
 
 

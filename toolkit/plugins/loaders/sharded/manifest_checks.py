@@ -57,7 +57,7 @@ def _check_rank(entry: Any, folder: Path, *, file: str, key: str) -> None:
 def _check_record(record: Any, files: set[str], *, file: str, key: str) -> None:
     record = v.mapping(record, key=key, file=file)
     v.text(record.get("name"), key=f"{key}.name", file=file)
-    if record.get("file") not in files:
+    if not isinstance(record.get("file"), str) or record["file"] not in files:
         raise CorruptFileError(f"tensor file {record.get('file')!r} is not among the rank's files", file=file,
                                key=f"{key}.file")
     _dtype(record.get("dtype"), key=f"{key}.dtype", file=file)
