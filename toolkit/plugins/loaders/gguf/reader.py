@@ -156,10 +156,12 @@ class FastGGUFReader(GGUFReader):
         qtype = int(raw_dtype[0])
         if qtype not in KNOWN_TYPES:
             raise UnsupportedQuantTypeError(f"unknown GGML tensor type {qtype}", file=str(self.path), tensor=name)
-        shape = [int(d) for d in dims]
-        if not 1 <= len(shape) <= MAX_DIMS or min(shape) <= 0:
-            raise CorruptFileError(f"tensor dimensions {shape}: a tensor has 1 to {MAX_DIMS} dimensions, each > 0",
+        if not 1 <= len(dims) <= MAX_DIMS:  # checked before reading them: the count may be huge
+            raise CorruptFileError(f"tensor has {len(dims)} dimensions; GGUF allows 1 to {MAX_DIMS}",
                                    file=str(self.path), tensor=name)
+        shape = [int(d) for d in dims]
+        if min(shape) <= 0:
+            raise CorruptFileError(f"tensor dimensions {shape}: each must be > 0", file=str(self.path), tensor=name)
         elements = math.prod(shape)
         if elements > MAX_ELEMENTS:
             raise CorruptFileError(f"tensor dimensions {shape} hold {elements} elements, more than any file can",
