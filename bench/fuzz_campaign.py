@@ -32,7 +32,7 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--start", type=int, default=0, help="first case id")
     parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--timeout", type=float, default=10.0, help="seconds per case before it counts as a hang")
+    parser.add_argument("--timeout", type=float, default=10.0, help="CPU seconds per case before it counts as a hang (wall clock: 12x, at least 60 s)")
     parser.add_argument("--memory-gib", type=float, default=2.0, help="address space a case may add")
     parser.add_argument("--workdir", default=None, help="where seeds and cases go (default: a temp dir)")
     parser.add_argument("--keep", action="store_true", help="keep the files of bad cases")
@@ -57,7 +57,7 @@ def main() -> int:
     table = counts(results)
     unnamed = [r for r in results if r.outcome == "typed" and not r.names_file]
     print(f"\n{len(results)} cases, seed {args.seed}, ids {args.start}..{args.start + args.cases - 1}, "
-          f"{elapsed:.0f} s, {args.workers} workers, limit {args.timeout:.0f} s / +{args.memory_gib} GiB per case")
+          f"{elapsed:.0f} s, {args.workers} workers, limit {args.timeout:.0f} s CPU / +{args.memory_gib} GiB per case")
     for outcome in OUTCOMES:
         print(f"  {outcome:10s} {table.get(outcome, 0):6d}")
     print(f"  typed errors not naming a file of the case: {len(unnamed)}")

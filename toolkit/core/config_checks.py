@@ -31,7 +31,7 @@ HF_SIZES: dict[str, tuple[int, int]] = {
 HF_POSITIVE_REALS = ("rms_norm_eps", "rope_theta")
 HF_FLAGS = ("tie_word_embeddings", "attention_bias")
 HF_TEXTS = ("hidden_act", "hidden_activation", "model_type")
-HF_TOKEN_IDS = ("bos_token_id", "eos_token_id", "pad_token_id")
+HF_TOKEN_IDS = ("bos_token_id", "eos_token_id")  # pad_token_id is never used (old configs write -1)
 HF_MAPPINGS = ("rope_scaling", "rope_parameters", "quantization_config")
 NESTED = ("text_config",)  # multimodal configs keep the language model's keys here
 
@@ -120,7 +120,8 @@ BASE_FIELDS = {field.name for field in dataclasses.fields(ModelConfig)}
 
 
 def _check_extra_fields(config: ModelConfig, file: str | None) -> None:
-    """Fields an architecture's subclass adds: numbers finite and positive, ``*_scaling`` rope dicts."""
+    """Fields an architecture's subclass adds: numbers finite and not negative, ``*_scaling`` rope dicts.
+    (An architecture checks its own fields' tighter ranges, e.g. a scale that must be > 0.)"""
     for field in dataclasses.fields(config):
         if field.name in BASE_FIELDS:
             continue
@@ -130,7 +131,7 @@ def _check_extra_fields(config: ModelConfig, file: str | None) -> None:
         if field.name.endswith("_scaling"):
             check_rope_scaling(value, key=field.name, file=file)
         elif isinstance(value, float):
-            v.real(value, key=field.name, file=file)
+            v.real(value, key=field.name, file=file, inclusive=True)
         elif isinstance(value, int):
             v.integer(value, key=field.name, file=file, minimum=0, maximum=v.MAX_POSITIONS)
 

@@ -29,6 +29,7 @@ from torch import nn
 
 from toolkit.core.arch import ModelArch
 from toolkit.core.config import ModelConfig, base_fields, eos_ids
+from toolkit.core import validate as v
 from toolkit.core.errors import CheckpointError
 from toolkit.core.hookspecs import hookimpl
 from toolkit.core.layers import AttentionMetadata, RMSNorm
@@ -96,7 +97,8 @@ def config_from(hf_config: dict) -> Gemma3Config:
     return Gemma3Config(
         **fields, layer_types=layer_types(hf, fields["num_layers"]), sliding_window=hf.get("sliding_window"),
         rope_local_theta=rope[SLIDING][0], rope_local_scaling=rope[SLIDING][1],
-        query_pre_attn_scalar=float(hf.get("query_pre_attn_scalar") or TEXT_DEFAULTS["query_pre_attn_scalar"]),
+        query_pre_attn_scalar=v.real(hf.get("query_pre_attn_scalar") or TEXT_DEFAULTS["query_pre_attn_scalar"],
+                                     key="query_pre_attn_scalar", file="config"),
         attn_logit_softcap=hf.get("attn_logit_softcapping"), final_logit_softcap=hf.get("final_logit_softcapping"))
 
 

@@ -55,6 +55,8 @@ def _read_verified(handle, record: dict[str, Any], path: Path) -> torch.Tensor:
     if found != (record["dtype"], list(record["shape"])):
         raise ChecksumMismatchError(f"tensor is {found[0]} {found[1]}, the manifest recorded "
                                     f"{record['dtype']} {record['shape']}", file=str(path), tensor=name)
+    if "sha256" not in record:  # the writer always records one; its absence means the manifest was edited
+        raise ChecksumMismatchError("the manifest records no sha256 for this tensor", file=str(path), tensor=name)
     if sha256(tensor) != record["sha256"]:
         raise ChecksumMismatchError("sha256 of the tensor bytes differs from the manifest (file modified or "
                                     "corrupted)", file=str(path), tensor=name)
