@@ -55,7 +55,8 @@ def check_tokenizer_metadata(metadata: Metadata) -> None:
     if "tokenizer.chat_template" in metadata:
         v.text(metadata["tokenizer.chat_template"], key="tokenizer.chat_template", file=file, allow_empty=True)
     _check_parallel_arrays(metadata, count)
-    _check_merges(metadata, set(tokens))
+    # llama.cpp stores SentencePiece spaces as " " in some vocabularies (Gemma) and "\u2581" in merges
+    _check_merges(metadata, set(tokens) | {token.replace(" ", "\u2581") for token in tokens})
     _check_scores_needed(metadata)
 
 
