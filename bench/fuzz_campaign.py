@@ -43,12 +43,18 @@ def main() -> int:
     if args.replay is not None:
         return replay(args.seed, args.replay, seeds, workdir)
     started = time.monotonic()
-    done = [0]
+    seen: list = []
 
     def progress(result) -> None:
-        done[0] += 1
-        if done[0] % 500 == 0:
-            print(f"  {done[0]}/{args.cases} cases, {time.monotonic() - started:.0f} s", flush=True)
+        seen.append(result)
+        if len(seen) % 500 == 0:
+            table = counts(seen)
+            unnamed = sum(1 for r in seen if r.outcome == "typed" and not r.names_file)
+            print(f"  {len(seen)}/{args.cases} cases, {time.monotonic() - started:.0f} s: "
+                  + ", ".join(f"{k} {v}" for k, v in table.items()) + f", unnamed {unnamed}", flush=True)
+            for bad in (r for r in seen[-500:] if r.outcome in BAD):
+                print(f"    [{bad.outcome}] case {bad.case_id} ({bad.kind}) {bad.mutation[:80]}: {bad.detail[:200]}",
+                      flush=True)
 
     results = run_cases(args.seed, range(args.start, args.start + args.cases), seeds, workdir / "cases",
                         workers=args.workers, timeout=args.timeout, memory_bytes=int(args.memory_gib * (1 << 30)),

@@ -54,7 +54,7 @@ class GGUFCheckpoint:
             count = fields.get("split.count", 1 if index == 0 else None)
             if count is not None and int(count) != len(self._readers):
                 raise SourceError(f"metadata says the model has {count} split parts, but {len(self._readers)} "
-                                  f"were found ({', '.join(p.name for p in self.files)})")
+                                  f"were found ({', '.join(str(p) for p in self.files)})")
             number = fields.get("split.no")
             if number is not None and int(number) != index:
                 raise CorruptFileError(f"part {index + 1} of the split model says it is part {int(number) + 1}",
