@@ -26,7 +26,7 @@ HF_SIZES: dict[str, tuple[int, int]] = {
     "vocab_size": (1, v.MAX_SIZE), "hidden_size": (1, v.MAX_SIZE), "intermediate_size": (1, v.MAX_SIZE),
     "num_hidden_layers": (1, v.MAX_LAYERS), "num_attention_heads": (1, v.MAX_HEADS),
     "num_key_value_heads": (1, v.MAX_HEADS), "head_dim": (1, 1 << 16),
-    "max_position_embeddings": (1, v.MAX_POSITIONS), "sliding_window": (1, v.MAX_POSITIONS),
+    "max_position_embeddings": (1, v.MAX_POSITIONS), "sliding_window": (0, v.MAX_POSITIONS),  # 0: off (Qwen2-MoE)
 }
 HF_POSITIVE_REALS = ("rms_norm_eps", "rope_theta")
 HF_FLAGS = ("tie_word_embeddings", "attention_bias")

@@ -16,7 +16,7 @@ INT_KEYS: dict[str, tuple[int, int]] = {
     "embedding_length": (1, v.MAX_SIZE), "feed_forward_length": (1, v.MAX_SIZE),
     "attention.head_count": (1, v.MAX_HEADS), "attention.head_count_kv": (1, v.MAX_HEADS),
     "attention.key_length": (1, 1 << 16), "attention.value_length": (1, 1 << 16),
-    "attention.sliding_window": (1, v.MAX_POSITIONS), "rope.dimension_count": (1, 1 << 16),
+    "attention.sliding_window": (0, v.MAX_POSITIONS), "rope.dimension_count": (1, 1 << 16),
     "vocab_size": (1, v.MAX_SIZE), "rope.scaling.original_context_length": (1, v.MAX_POSITIONS),
 }
 # "{arch}.<suffix>" of positive finite numbers
