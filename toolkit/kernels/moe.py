@@ -12,14 +12,13 @@ only supplies how one expert's weights multiply (dequantized one expert at a tim
 """
 from __future__ import annotations
 
-import importlib.util
-import warnings
 from typing import Callable
 
 import torch
 import torch.nn.functional as F
 
 from ..core.hookspecs import hookimpl
+from .triton_support import optional_ops
 
 ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {"silu": F.silu}
 
@@ -68,21 +67,9 @@ def fused_moe(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, topk_w
     return expert_mixture(x, topk_weights, topk_ids, gate_up.shape[0], expert_fn)
 
 
-def triton_ops() -> dict:
-    """The CUDA implementations, or none without a GPU or a usable Triton (imported lazily)."""
-    if not torch.cuda.is_available() or importlib.util.find_spec("triton") is None:
-        return {}
-    try:
-        from . import moe_triton  # noqa: PLC0415 - Triton is optional and slow to import
-    except Exception as exc:  # noqa: BLE001
-        warnings.warn(f"Triton fused MoE unavailable, using the torch reference: {exc}", stacklevel=2)
-        return {}
-    return moe_triton.OPS
-
-
 @hookimpl
 def register_kernels(register):
     register("moe_route", moe_route, device="any")
     register("fused_moe", fused_moe, device="any")
-    for name, fn in triton_ops().items():
+    for name, fn in optional_ops("toolkit.kernels.moe_triton", "Triton fused MoE").items():
         register(name, fn, device="cuda", priority=10)

@@ -7,22 +7,15 @@ capture see them as single opaque ops.
 """
 from __future__ import annotations
 
-import importlib.util
-
-import torch
-
 from ...core.hookspecs import hookimpl
+from ..triton_support import triton_usable
 
 PRIORITY = 10
 
 
-def available() -> bool:
-    return importlib.util.find_spec("triton") is not None and torch.cuda.is_available()
-
-
 @hookimpl
 def register_kernels(register):
-    if not available():
+    if not triton_usable():
         return
     from . import ops  # noqa: PLC0415 - imports triton
 

@@ -12,12 +12,8 @@ takes over on CPU; Triton kernels register for CUDA when Triton is importable an
 """
 from __future__ import annotations
 
-import importlib.util
-import warnings
-
-import torch
-
 from ...core.hookspecs import hookimpl
+from ..triton_support import optional_ops
 from .cpu import gguf_matmul_chunked
 from .reference import (SUPPORTED_TYPES, gguf_dequantize, gguf_embedding, gguf_matmul, is_supported)
 from .types import block_size, bytes_per_row, type_name, type_size
@@ -25,25 +21,12 @@ from .types import block_size, bytes_per_row, type_name, type_size
 OPS = ("gguf_dequantize", "gguf_matmul", "gguf_embedding")
 
 
-def _triton_ops():
-    """The CUDA implementations, or none where there is no GPU or no usable Triton (imported
-    lazily); a broken Triton install must not take the reference ops down with it."""
-    if not torch.cuda.is_available() or importlib.util.find_spec("triton") is None:
-        return {}
-    try:
-        from . import triton_ops  # noqa: PLC0415 - Triton is optional and slow to import
-    except Exception as exc:  # noqa: BLE001
-        warnings.warn(f"GGUF Triton kernels unavailable, using the torch reference: {exc}", stacklevel=2)
-        return {}
-    return triton_ops.OPS
-
-
 def register_all(register) -> None:
     """Register the reference ops and, where possible, the Triton ones (usable without pluggy)."""
     for name, fn in zip(OPS, (gguf_dequantize, gguf_matmul, gguf_embedding)):
         register(name, fn, device="any")
     register("gguf_matmul", gguf_matmul_chunked, device="cpu", priority=5)
-    for name, fn in _triton_ops().items():
+    for name, fn in optional_ops(f"{__name__}.triton_ops", "GGUF Triton kernels").items():
         register(name, fn, device="cuda", priority=10)
 
 

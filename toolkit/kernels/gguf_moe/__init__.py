@@ -10,13 +10,11 @@ the GGUF reference dequantizer; it is the oracle for the CUDA kernel.
 """
 from __future__ import annotations
 
-import importlib.util
-import warnings
-
 import torch
 import torch.nn.functional as F
 
 from ...core.hookspecs import hookimpl
+from ..triton_support import optional_ops
 from ..gguf.reference import gguf_dequantize
 from ..moe import expert_mixture, gated
 
@@ -40,19 +38,8 @@ def gguf_fused_moe(x: torch.Tensor, gate_up: torch.Tensor, gate_up_qtype: int, d
     return expert_mixture(x, topk_weights, topk_ids, experts, expert_fn)
 
 
-def _triton_ops():
-    if not torch.cuda.is_available() or importlib.util.find_spec("triton") is None:
-        return {}
-    try:
-        from . import triton_moe  # noqa: PLC0415 - Triton is optional and slow to import
-    except Exception as exc:  # noqa: BLE001
-        warnings.warn(f"Triton fused MoE unavailable, using the torch reference: {exc}", stacklevel=2)
-        return {}
-    return triton_moe.OPS
-
-
 @hookimpl
 def register_kernels(register):
     register("gguf_fused_moe", gguf_fused_moe, device="any")
-    for name, fn in _triton_ops().items():
+    for name, fn in optional_ops(f"{__name__}.triton_moe", "Triton fused MoE (GGUF experts)").items():
         register(name, fn, device="cuda", priority=10)

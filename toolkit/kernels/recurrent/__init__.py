@@ -12,22 +12,15 @@ The projection output needs no split kernel: the fused parameter is laid out ``[
 """
 from __future__ import annotations
 
-import importlib.util
-
-import torch
-
 from ...core.hookspecs import hookimpl
+from ..triton_support import triton_usable
 
 PRIORITY = 10
 
 
-def available() -> bool:
-    return importlib.util.find_spec("triton") is not None and torch.cuda.is_available()
-
-
 @hookimpl
 def register_kernels(register):
-    if not available():
+    if not triton_usable():
         return
     from . import triton_ops  # noqa: PLC0415 - imports triton
 
