@@ -139,3 +139,20 @@ def test_convert_command_is_quiet_in_logs_and_says_when_interrupted(source, tmp_
     err = capsys.readouterr().err
     assert done.value.code == 130 and "error: interrupted; nothing was written" in err
     assert not (tmp_path / "stopped").exists()
+
+
+def test_honour_umask_on_a_single_owner_only_file(tmp_path):
+    """The demo GGUF is assembled through mkstemp (0600) and then given the umask's permissions."""
+    import os
+    import tempfile
+
+    from toolkit.core.permissions import honour_umask
+
+    handle, name = tempfile.mkstemp(dir=tmp_path)
+    os.close(handle)
+    umask = os.umask(0o022)
+    try:
+        honour_umask(name)
+    finally:
+        os.umask(umask)
+    assert os.stat(name).st_mode & 0o777 == 0o644

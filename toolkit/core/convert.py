@@ -13,7 +13,6 @@ interrupted or failed conversion leaves nothing at DEST.
 """
 from __future__ import annotations
 
-import os
 import shutil
 import tempfile
 import time
@@ -29,6 +28,7 @@ from .errors import ConversionError, UnknownNameError
 from .experts import expert_tensor_name
 from .load import open_checkpoint, read_config
 from .names import NameContext
+from .permissions import honour_umask
 from .registry import Registry, default_registry
 from .report import LoadReport
 
@@ -153,22 +153,12 @@ def _staged(dest: Path, force: bool) -> Iterator[Path]:
         yield staging
         if not staging.exists():
             raise ConversionError(f"the writer produced nothing at {staging}")
-        _honour_umask(staging)
+        honour_umask(staging)  # some writers make owner-only files
         if dest.exists() and force:
             shutil.rmtree(dest) if dest.is_dir() else dest.unlink()
         staging.rename(dest)
     finally:
         shutil.rmtree(holder, ignore_errors=True)
-
-
-def _honour_umask(path: Path) -> None:
-    """Give the output the permissions a plain ``open()`` would: some writers (safetensors' own, a
-    temporary file) create owner-only 0600 files, which other users of a shared model directory
-    could not read."""
-    umask = os.umask(0)
-    os.umask(umask)
-    for item in [path, *path.rglob("*")] if path.is_dir() else [path]:
-        item.chmod((0o777 if item.is_dir() else 0o666) & ~umask)
 
 
 def _stream(source, staging: Path, loader, options: ConvertOptions, source_format, registry: Registry,

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from toolkit.core.checkpoint import Source
 from toolkit.core.errors import SourceError
+from toolkit.core.permissions import honour_umask
 
 from .checkpoint import GGUFCheckpoint
 from .files import model_files, models_in
@@ -60,9 +61,7 @@ def demo_model_path() -> Path:
     os.close(handle)
     try:
         demo.assemble(partial, overwrite=True)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(partial, 0o666 & ~umask)  # mkstemp makes it owner-only; the model is for every user
+        honour_umask(partial)  # mkstemp makes it owner-only; the model is for every user
         os.replace(partial, target)
     finally:
         if os.path.exists(partial):
