@@ -91,3 +91,16 @@ def test_off_unless_enabled(share, monkeypatch):
 def test_reads_this_machine():
     cpus = threads.available_cores()
     assert cpus and (threads.busy_seconds(cpus) is None or threads.busy_seconds(cpus) > 0)
+
+
+def test_settle_measures_now_instead_of_waiting_an_interval(share, monkeypatch):
+    cores = threads.CoreShare(interval=1.0)
+    monkeypatch.setattr(threads.time, "sleep", lambda seconds: share.advance(seconds, others_busy=1.0, own_busy=0.0))
+    cores.settle(0.1)
+    assert torch.get_num_threads() == 1
+
+
+def test_disabled_share_never_reads_the_machine(monkeypatch):
+    monkeypatch.setattr(threads, "_enabled", False)
+    monkeypatch.setattr(threads, "busy_seconds", lambda cpus: pytest.fail("read /proc/stat while disabled"))
+    threads.CoreShare().adjust()

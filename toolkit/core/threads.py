@@ -72,31 +72,34 @@ class CoreShare:
     def __init__(self, interval: float = 1.0):
         self.interval = interval
         self.cores = available_cores()
+        # /proc/stat is read only when fitting is on (off for library callers who did not opt in)
         self.enabled = _enabled and user_thread_choice() is None and busy_seconds(self.cores) is not None
         self._set_by_us: int | None = None
-        self._mark = self._sample()
+        self._mark = self._sample() if self.enabled else (0.0, 0.0, 0.0)
 
     def _sample(self) -> tuple[float, float, float]:
         return time.monotonic(), busy_seconds(self.cores) or 0.0, time.process_time()
 
-    def free_cores(self) -> float | None:
-        """Cores not used by other processes since the last sample (None until ``interval`` passed)."""
+    def free_cores(self, min_seconds: float | None = None) -> float | None:
+        """Cores not used by other processes since the last sample; None until ``min_seconds``
+        (default: ``interval``) have passed."""
         now = self._sample()
         wall = now[0] - self._mark[0]
-        if wall < self.interval:
+        if wall < (self.interval if min_seconds is None else min_seconds) or wall <= 0:
             return None
         others = max(0.0, (now[1] - self._mark[1]) - (now[2] - self._mark[2])) / wall
         self._mark = now
         return len(self.cores) - min(others, len(self.cores))
 
-    def adjust(self) -> None:
-        """Re-fit torch's threads if ``interval`` passed; a count set by someone else stops us."""
+    def adjust(self, min_seconds: float | None = None) -> None:
+        """Re-fit torch's threads once ``min_seconds`` (default ``interval``) passed since the last
+        fit; a count set by someone else stops us."""
         if not self.enabled:
             return
         if self._set_by_us is not None and torch.get_num_threads() != self._set_by_us:
             self.enabled = False  # the caller changed it: theirs to manage from now on
             return
-        free = self.free_cores()
+        free = self.free_cores(min_seconds)
         if free is None:
             return
         threads = max(1, min(len(self.cores), int(free + 0.25)))
@@ -108,6 +111,4 @@ class CoreShare:
         """Measure over ``seconds`` now and fit the threads (before a loop starts)."""
         if self.enabled:
             time.sleep(seconds)
-            saved, self.interval = self.interval, 0.0
-            self.adjust()
-            self.interval = saved
+            self.adjust(min_seconds=0.0)

@@ -11,6 +11,8 @@ from typing import Annotated, Optional
 
 import typer
 
+from ..errors import OptionError
+
 ModelArg = Annotated[Optional[str], typer.Argument(
     metavar="MODEL", help="Local file or directory, or a hub id. Optional with --format when that loader ships a "
                           "default model (see toolkit load --help).")]
@@ -59,8 +61,6 @@ def _engine(model: str | None, format, quant, dtype, device, tp: int, kv_cache_m
 
 def parse_batch_sizes(text: str) -> list[int]:
     """``"1,8,32"`` -> [1, 8, 32]; OptionError for anything but positive integers."""
-    from ..errors import OptionError  # noqa: PLC0415
-
     try:
         sizes = [int(size) for size in text.split(",") if size.strip()]
     except ValueError:
@@ -97,9 +97,7 @@ def generate_command(
     if prompts_file is not None:
         prompts += [line for line in prompts_file.read_text().splitlines() if line.strip()]
     if not prompts:
-        from ..errors import OptionError  # noqa: PLC0415
-
-        raise OptionError("give --prompt TEXT (repeatable) or --prompts-file FILE")
+            raise OptionError("give --prompt TEXT (repeatable) or --prompts-file FILE")
     params = _params(max_tokens, temperature, top_k, top_p, min_p, repetition_penalty, presence_penalty,
                      frequency_penalty, seed, stop, stop_token_id)
     with _engine(model, format, quant, dtype, device, tp, kv_cache_memory) as llm:
