@@ -97,7 +97,7 @@ def generate_command(
     if prompts_file is not None:
         prompts += [line for line in prompts_file.read_text().splitlines() if line.strip()]
     if not prompts:
-            raise OptionError("give --prompt TEXT (repeatable) or --prompts-file FILE")
+        raise OptionError("give --prompt TEXT (repeatable) or --prompts-file FILE")
     params = _params(max_tokens, temperature, top_k, top_p, min_p, repetition_penalty, presence_penalty,
                      frequency_penalty, seed, stop, stop_token_id)
     with _engine(model, format, quant, dtype, device, tp, kv_cache_memory) as llm:
