@@ -71,8 +71,7 @@ def _reference_4bit_forward(module):
 def hf_bnb_model(path: Path, kind: str):
     """transformers loading ``path`` with the matching BitsAndBytesConfig (fp32 compute, CPU)."""
     config = tf.BitsAndBytesConfig(bnb_4bit_compute_dtype=torch.float32, **BNB_CONFIGS[kind])
-    return exact_cpu_path(tf.AutoModelForCausalLM.from_pretrained(path, quantization_config=config,
-                                                                  dtype=torch.float32, device_map="cpu").eval())
+    return hf_quantized_checkpoint(path, quantization_config=config)
 
 
 def hf_quantized_checkpoint(path: Path, **kwargs):
