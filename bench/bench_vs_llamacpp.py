@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -63,6 +64,10 @@ def llama_batched_bench(build: Path, model: str, batches, input_len: int, output
            "-ngl", "99", "--output-format", "jsonl"]
     proc = subprocess.run(cmd, capture_output=True, text=True, check=True)
     result = {"command": " ".join(cmd), "decode_tok_s": {}}
+    # llama_perf_context_print's "load time": model load to the first evaluation (weights + vocab)
+    load = re.search(r"load time\s*=\s*([0-9.]+) ms", proc.stderr)
+    if load:
+        result["load_s"] = float(load.group(1)) / 1e3
     for line in (proc.stdout + "\n" + proc.stderr).splitlines():
         line = line.strip()
         if line.startswith("{") and '"speed_tg"' in line:
@@ -117,7 +122,7 @@ def _cell(ours, theirs) -> str:
 
 
 def table(results: dict, batches) -> str:
-    head = "| model | " + " | ".join(f"decode b{b} tok/s" for b in batches) + " | prefill tok/s | toolkit load s |"
+    head = "| model | " + " | ".join(f"decode b{b} tok/s" for b in batches) + " | prefill tok/s | load s |"
     lines = ["cells: llama.cpp / toolkit = toolkit's speed over llama.cpp's", "", head,
              "|" + "---|" * (len(batches) + 3)]
     for model, res in results.items():
@@ -130,7 +135,9 @@ def table(results: dict, batches) -> str:
                 peer = max(peer or 0, theirs["decode_b1_tok_s"])
             cells.append(_cell(mine, peer))
         cells.append(_cell(ours.get("prefill_tok_s"), theirs.get("prefill_tok_s")))
-        cells.append(f"{ours['load_s']:.2f}" if "load_s" in ours else ("error" if "error" in ours else "-"))
+        mine = f"{ours['load_s']:.2f}" if "load_s" in ours else ("error" if "error" in ours else "-")
+        peer = f"{theirs['load_s']:.2f}" if "load_s" in theirs else "-"
+        cells.append(f"{peer} / {mine}")
         lines.append(f"| {Path(model).name} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -169,6 +176,8 @@ def main() -> None:
                 batched = llama_batched_bench(args.llama_build, model, args.batches, args.input_len, args.output_len)
                 res["llamacpp"]["decode_tok_s"] = batched["decode_tok_s"]
                 res["llamacpp"]["batched_command"] = batched["command"]
+                if "load_s" in batched:
+                    res["llamacpp"]["load_s"] = batched["load_s"]
             except (subprocess.CalledProcessError, FileNotFoundError) as exc:
                 stderr = getattr(exc, "stderr", "") or ""
                 res["llamacpp"] = {"error": f"{exc} {stderr[-2000:]}"}

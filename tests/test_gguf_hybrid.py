@@ -118,6 +118,9 @@ def test_q8_0_matches_gguf_py_quantization(source, tmp_path):
     dest = _gguf(source, tmp_path, "Q8_0")
     types = {t.name: t.tensor_type.name for t in GGUFReader(str(dest)).tensors}
     assert "Q8_0" in types.values()
+    # llama.cpp keeps conv1d kernels F32 (its CUDA ssm_conv aborts on anything else)
+    conv = [kind for name, kind in types.items() if name.endswith("ssm_conv1d.weight")]
+    assert conv and set(conv) == {"F32"}
     reference = type(hf).from_pretrained(path).eval()
     with torch.no_grad():
         for name, param in reference.named_parameters():

@@ -215,7 +215,7 @@ class HybridGGUFNamer:
         reorder = self.dims.order(leaf) if self.name_map.tiled_values and self.dims.kh != self.dims.nv else None
         if reorder is not None:  # grouped -> tiled: the inverse of the reader's order
             axis, order = reorder
-            inverse = torch.argsort(order)
+            inverse = torch.argsort(order).to(tensor.device)  # tensors may be written from the GPU
             tensor = tensor.index_select(0 if axis == "rows" else -1, inverse)
         return tensor
 

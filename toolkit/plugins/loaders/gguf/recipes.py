@@ -71,8 +71,9 @@ class Recipe:
 # llama.cpp treats stacked experts' ffn_down_exps as ffn_down
 MORE_BITS_Q6 = (Bump("attn_v", Q.Q6_K, use_more_bits), Bump("ffn_down", Q.Q6_K, use_more_bits),
                 Bump("ffn_down_exps", Q.Q6_K, use_more_bits))
-# MoE routers stay F32, as llama.cpp's converter and quantizer keep them
-F32_LEAVES = frozenset({"ffn_gate_inp", "ffn_gate_inp_shexp"})
+# Always F32, as llama.cpp's converter and quantizer keep them: MoE routers, and the recurrent
+# layers' small conv1d weights (llama.cpp's CUDA ssm_conv asserts an F32 kernel: an F16 one aborts it)
+F32_LEAVES = frozenset({"ffn_gate_inp", "ffn_gate_inp_shexp", "ssm_conv1d"})
 RECIPES: dict[str, Recipe] = {
     **{qtype.name: Recipe(qtype, file_type) for qtype, file_type in PLAIN_FILE_TYPES.items()},
     "Q4_K_M": Recipe(Q.Q4_K, F.MOSTLY_Q4_K_M, Q.Q6_K, MORE_BITS_Q6),
@@ -123,7 +124,8 @@ class TypePlan:
 
     def choose(self, hf_name: str, gguf_name: str, shape: tuple[int, ...]) -> Choice:
         match = _LAYER_LEAF.match(gguf_name)
-        if len(shape) <= 1 or (match and match["leaf"] in F32_LEAVES):
+        # 2-D norm weights too: "_norm.weight" is F32 in llama.cpp's converter whatever the shape
+        if len(shape) <= 1 or gguf_name.endswith("_norm.weight") or (match and match["leaf"] in F32_LEAVES):
             return Choice(Q.F32)
         wanted = self._override(hf_name, gguf_name) or self._recipe_type(gguf_name)
         return fitting(wanted, shape[-1])
