@@ -264,10 +264,49 @@ def test_triton_matmul_within_rounding_bound(name, dtype):
         assert got.dtype == dtype and got.shape == (tokens, rows)
         exact = x.double() @ weight.double().T
         bound = x.double().abs() @ weight.double().abs().T
-        assert ((got.double() - exact).abs() <= 3 * unit * bound).all(), (name, tokens)
+        if tokens == 1 and name in triton_ops.DP4A_STEP:  # decode: 8-bit activations (triton_dp4a)
+            bound = 3 * unit * bound + activation_rounding_bound(x, weight)
+        else:
+            bound = 3 * unit * bound
+        assert ((got.double() - exact).abs() <= bound).all(), (name, tokens)
         if tokens in (1, 8):  # the other kernel variants: split K, element-wise tiles, wide tiles
             for config, split, words in ((triton_ops.DECODE_CONFIG, 2, False), (triton_ops.SMALL_BATCH_CONFIG, 2, False),
                                          (triton_ops.MatmulConfig(1, 8, 512), None, True),
                                          (triton_ops.MatmulConfig(16, 16, 512), 2, True)):
                 other = triton_ops.fused_matmul(x, packed, qtype, cols, config, split=split, words=words)
-                assert ((other.double() - exact).abs() <= 3 * unit * bound).all(), (name, tokens, config)
+                assert ((other.double() - exact).abs() <= 3 * unit * (x.double().abs() @ weight.double().abs().T)).all(), \
+                    (name, tokens, config)
+
+
+def activation_rounding_bound(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """What rounding x to int8 blocks of 32 (scale d = max|x_block| / 127, |x - d q| <= d / 2) can
+    move ``x @ W.T`` by, per output: sum over blocks of d / 2 * sum |w| (1% slack for the float32
+    scale and reciprocal). ``x [1, K]``, ``weight [N, K]`` -> ``[1, N]``."""
+    blocks = x.double().reshape(-1, 32)
+    half_step = blocks.abs().amax(1) / 127 / 2
+    per_block = weight.double().abs().reshape(weight.shape[0], -1, 32).sum(2)
+    return 1.01 * (per_block * half_step).sum(1)[None, :]
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("name", ["Q4_0", "Q5_0", "Q8_0", "Q4_K", "Q5_K", "Q6_K"])
+def test_dp4a_gemv_within_activation_rounding(name):
+    """The int8-activation GEMV against float64 on the dequantized weight: within the activation
+    rounding bound, for row counts off the program size, every split and several configs."""
+    from toolkit.kernels.gguf import triton_ops
+    for rows, cols in ((37, 512), (130, 2048), (3, 256)):
+        packed, qtype = cuda_case(name, rows, cols, 11)
+        weight = gguf_dequantize(packed, qtype, cols, torch.float32)
+        x = torch.randn(1, cols, device="cuda").to(torch.bfloat16)
+        exact = x.double() @ weight.double().T
+        bound = 3 * 2 ** -8 * (x.double().abs() @ weight.double().abs().T) + activation_rounding_bound(x, weight)
+        for config in (triton_ops.DP4A_CONFIG, triton_ops.GemvConfig(bn=2, bk=256, split=2),
+                       triton_ops.GemvConfig(bn=16, bk=1024, num_warps=8, split=1)):
+            got = triton_ops.dp4a_matmul(x, packed, qtype, cols, config)
+            assert got.shape == (1, rows) and got.dtype == torch.bfloat16
+            assert ((got.double() - exact).abs() <= bound).all(), (name, rows, cols, config)
+    zero = torch.zeros(1, 256, device="cuda", dtype=torch.bfloat16)   # an all-zero block: scale 0, no NaN
+    packed, qtype = cuda_case(name, 8, 256, 12)
+    assert torch.equal(triton_ops.dp4a_matmul(zero, packed, qtype, 256), torch.zeros(1, 8, device="cuda",
+                                                                                   dtype=torch.bfloat16))

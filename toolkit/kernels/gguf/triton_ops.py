@@ -4,7 +4,9 @@ Each op has ``supports(*args)``: it declines (so the torch reference runs, and r
 errors) for types without a Triton tile, float32 activations, CPU tensors or malformed data.
 
 Launch choices (measured by ``bench/bench_gguf_kernels.py --sweep``; see the configs below):
-- ``T == 1`` (decode): the float32 multiply-accumulate kernel (``BM=1``) on word-wise tiles.
+- ``T == 1`` (decode): for Q4_0, Q5_0, Q8_0, Q4_K, Q5_K, Q6_K the int8-activation dp4a GEMV
+  (``triton_dp4a``; ``TOOLKIT_GGUF_DP4A=0`` turns it off); for the other types, and then, the
+  float32 multiply-accumulate kernel (``BM=1``) on word-wise tiles.
 - ``T <= FUSED_MAX_TOKENS``: the fused ``tl.dot`` kernel with ``BM=16``.
 - larger ``T`` (prefill): Triton dequantize to x's dtype, then the dense matmul (cuBLAS): 3-4x
   faster than the fused kernel at BM=128, which re-unpacks W once per token tile.
@@ -12,6 +14,7 @@ Launch choices (measured by ``bench/bench_gguf_kernels.py --sweep``; see the con
 from __future__ import annotations
 
 import functools
+import os
 from dataclasses import dataclass
 
 import torch
@@ -19,6 +22,7 @@ import triton
 
 from .bits import IQ4_NL_VALUES
 from .types import block_size, type_name, type_size
+from .triton_dp4a import gemv_kernel, quantize_activations_kernel
 from .triton_kernels import dequantize_kernel, matmul_kernel
 
 # Scale sub-block per type: the tile width must be a multiple of it.
@@ -54,6 +58,36 @@ class MatmulConfig:
 DECODE_CONFIG = MatmulConfig(bm=1, bn=8, bk=512)
 DECODE_CONFIG_BY_TYPE = {"Q6_K": MatmulConfig(bm=1, bn=8, bk=512, num_warps=8)}
 SMALL_BATCH_CONFIG = MatmulConfig(bm=16, bn=64, bk=128)
+
+
+@dataclass(frozen=True)
+class GemvConfig:
+    """A dp4a GEMV launch: ``BN`` rows per program, ``BK`` columns per step, ``split`` K (None: automatic)."""
+    bn: int
+    bk: int
+    num_warps: int = 4
+    split: int | None = None
+    num_stages: int = 2
+
+
+# The dp4a GEMV's types, and the columns its step must cover (one block / super-block at least).
+DP4A_STEP = {"Q4_0": 32, "Q5_0": 32, "Q8_0": 32, "Q4_K": 256, "Q5_K": 256, "Q6_K": 256}
+# From bench/bench_gguf_kernels.py --sweep (CUDA-graph timing, H100, 4096x14336, 14336x4096 and
+# 4096x4096): one warp and one row per program with 2048-column steps was the fastest or within 3%
+# in 12 of 12 cases for Q4_0/Q4_K/Q5_K/Q8_0 (many small programs keep the most loads in flight;
+# 4 warps x 4 rows, the first guess, was 1.3-2x slower); Q6_K's longer unpacking prefers 2 rows
+# and 1024 columns (36.4 against 39.8 us at 14336x4096).
+DP4A_CONFIG = GemvConfig(bn=1, bk=2048, num_warps=1)
+DP4A_CONFIG_BY_TYPE = {"Q6_K": GemvConfig(bn=2, bk=1024, num_warps=1)}
+
+
+# The Triton interpreter (TRITON_INTERPRET=1, CPU) cannot run PTX: the kernels then compute the
+# same integer sums with shifts.
+_HARDWARE_DP4A = os.environ.get("TRITON_INTERPRET") != "1"
+
+
+def dp4a_enabled() -> bool:
+    return os.environ.get("TOOLKIT_GGUF_DP4A", "1") != "0"
 
 
 def _type_args(qtype: int) -> dict:
@@ -142,10 +176,48 @@ def fused_matmul(x: torch.Tensor, data: torch.Tensor, qtype: int, cols: int, con
     return out[0] if split == 1 else out.sum(0).to(x.dtype)
 
 
+def quantize_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``x [T, K]`` -> int8 blocks of 32 packed 4 to an int32 ``[T, K / 4]``, float32 scales ``[T, K / 32]``."""
+    tokens, cols = x.shape
+    words = torch.empty(tokens, cols // 4, dtype=torch.int32, device=x.device)
+    scales = torch.empty(tokens, cols // 32, dtype=torch.float32, device=x.device)
+    bk = _tile_width(cols, 512)
+    quantize_activations_kernel[(tokens, cols // bk)](x, words, scales, cols, x.stride(0), BK=bk)
+    return words, scales
+
+
+def dp4a_matmul(x: torch.Tensor, data: torch.Tensor, qtype: int, cols: int,
+                config: GemvConfig | None = None) -> torch.Tensor:
+    """``x [1, cols] @ W.T`` with 8-bit activations and dp4a (``triton_dp4a``); ``[1, rows]`` in x's dtype."""
+    name = type_name(qtype)
+    config = config or DP4A_CONFIG_BY_TYPE.get(name, DP4A_CONFIG)
+    rows, step = data.shape[0], DP4A_STEP[name]
+    words, scales = quantize_activations(x)
+    programs = triton.cdiv(rows, config.bn)
+    split = config.split or _split_k(programs, cols // _tile_width(cols, max(config.bk, step)), x.device)
+    while split > 1 and (cols % split or (cols // split) % step):  # each split: whole blocks
+        split -= 1
+    bk = _tile_width(cols // split, max(config.bk, step))            # >= step: cols // split is a multiple of it
+    out = torch.empty(split, rows, dtype=x.dtype if split == 1 else torch.float32, device=x.device)
+    gemv_kernel[(programs, split)](words, scales, data, out, rows, cols // split, data.stride(0),
+                                   QTYPE=int(qtype), TS=type_size(qtype), BN=config.bn, BK=bk, DP4A=_HARDWARE_DP4A,
+                                   num_warps=config.num_warps, num_stages=config.num_stages)
+    return (out if split == 1 else out.sum(0, keepdim=True)).to(x.dtype)
+
+
+def _dp4a_ok(data: torch.Tensor, qtype: int, cols: int) -> bool:
+    name = type_name(qtype)
+    # K-quant tiles of Q4_K/Q5_K read 32-bit words: rows must stay 4-aligned
+    return (name in DP4A_STEP and cols % DP4A_STEP[name] == 0 and dp4a_enabled()
+            and (name not in ("Q4_K", "Q5_K") or data.stride(0) % 4 == 0))
+
+
 def gguf_matmul(x: torch.Tensor, data: torch.Tensor, qtype: int, cols: int) -> torch.Tensor:
     flat = x.reshape(-1, cols).contiguous()
     tokens = flat.shape[0]
-    if tokens == 1:
+    if tokens == 1 and _dp4a_ok(data, qtype, cols):
+        out = dp4a_matmul(flat, data, qtype, cols)
+    elif tokens == 1:
         out = fused_matmul(flat, data, qtype, cols, DECODE_CONFIG_BY_TYPE.get(type_name(qtype), DECODE_CONFIG))
     elif tokens <= FUSED_MAX_TOKENS:
         out = fused_matmul(flat, data, qtype, cols, SMALL_BATCH_CONFIG)
