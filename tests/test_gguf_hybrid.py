@@ -1,9 +1,10 @@
 """GGUF ``qwen35`` / ``qwen3next``: our writer's files against llama.cpp's converter and transformers.
 
-* Layout: the Qwen3.5 file ``toolkit convert`` writes has exactly the tensor names, shapes, F32
-  values (fingerprints) and ``qwen35.*`` metadata llama.cpp's own converter writes for the same
-  checkpoint (recorded in tests/data/llamacpp_hybrid_layout.json by the script beside it).
-  Qwen3-Next is not recorded: llama.cpp's qwen3next has MoE FFNs only, and the tiny model is dense.
+* Layout: the Qwen3.5, Qwen3-Next (MoE) and Qwen3.5-MoE files ``toolkit convert`` writes have
+  exactly the tensor names, shapes, F32 values (fingerprints) and ``{arch}.*`` metadata
+  llama.cpp's own converter writes for the same checkpoint (recorded in
+  tests/data/llamacpp_hybrid_layout.json by the script beside it). The dense Qwen3-Next is not
+  recorded: llama.cpp's qwen3next has MoE FFNs only.
 * F32: logits from our GGUF equal transformers' (<= 1e-4) and greedy generation matches;
   GGUF -> safetensors gives back a checkpoint transformers loads with the same logits (Qwen3.5).
 * Q8_0: compared with transformers' model whose weights went through gguf-py's own
@@ -47,12 +48,13 @@ def _fingerprint(values) -> list[float]:
     return [float(flat.sum()), float((flat * np.linspace(-1.0, 1.0, flat.size)).sum())]
 
 
-def test_qwen35_file_matches_llama_cpp_converter(tmp_path):
+@pytest.mark.parametrize("kind", sorted(LAYOUT))
+def test_file_matches_llama_cpp_converter(kind, tmp_path):
     path = tmp_path / "src"
-    save_hybrid(path, "qwen3_5")
+    save_hybrid(path, kind)
     dest = tmp_path / "ours.gguf"
     convert(path, dest, to="gguf:F32")
-    reader, expected = GGUFReader(str(dest)), LAYOUT["qwen3_5"]
+    reader, expected = GGUFReader(str(dest)), LAYOUT[kind]
     ours = {t.name: t for t in reader.tensors}
     assert sorted(ours) == sorted(expected["tensors"])
     for name, want in expected["tensors"].items():
@@ -101,7 +103,10 @@ HF_TO_GGUF = {"linear_attn.in_proj_qkv": "attn_qkv", "linear_attn.in_proj_z": "a
               "linear_attn.in_proj_qkvz": "attn_qkv", "linear_attn.in_proj_ba": "ssm_ba",
               "linear_attn.out_proj": "ssm_out", "linear_attn.conv1d": "ssm_conv1d", "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
               "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate",
-              "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down"}
+              "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down", "mlp.gate": "ffn_gate_inp",
+              "mlp.experts.gate_up_proj": "ffn_gate_exps", "mlp.experts.down_proj": "ffn_down_exps",
+              "mlp.shared_expert.gate_proj": "ffn_gate_shexp", "mlp.shared_expert.up_proj": "ffn_up_shexp",
+              "mlp.shared_expert.down_proj": "ffn_down_shexp", "mlp.shared_expert_gate": "ffn_gate_inp_shexp"}
 
 
 def _file_type(types: dict, hf_name: str) -> str:
@@ -110,7 +115,8 @@ def _file_type(types: dict, hf_name: str) -> str:
     if hf_name == "lm_head.weight":
         return types["output.weight"]
     parts = hf_name.split(".")
-    return types[f"blk.{parts[2]}.{HF_TO_GGUF['.'.join(parts[3:5])]}.weight"]
+    module = next(m for m in (".".join(parts[3:6]), ".".join(parts[3:5])) if m in HF_TO_GGUF)
+    return types[f"blk.{parts[2]}.{HF_TO_GGUF[module]}.weight"]
 
 
 def test_q8_0_matches_gguf_py_quantization(source, tmp_path):

@@ -93,8 +93,9 @@ def _builder_config(family: str):
         hf = text_config(hf_config)
         experts = _expert_fields(family, hf)
         if family == "qwen3_5_moe" and hf.get("intermediate_size") is None:  # no dense MLP in this family
-            hf = {**hf, "intermediate_size": experts["moe_intermediate_size"]}
-        fields = base_fields(hf, family)
+            fields = {**base_fields({**hf, "intermediate_size": experts["moe_intermediate_size"]}, family), "raw": hf}
+        else:
+            fields = base_fields(hf, family)
         fields["eos_token_ids"] = eos_ids(hf.get("eos_token_id"))
         rope = hf.get("rope_parameters") or {}
         partial = rope.get("partial_rotary_factor", hf.get("partial_rotary_factor", DEFAULT_PARTIAL_ROTARY))
