@@ -6,7 +6,7 @@
   tests/data/llamacpp_hybrid_layout.json by the script beside it). The dense Qwen3-Next is not
   recorded: llama.cpp's qwen3next has MoE FFNs only.
 * F32: logits from our GGUF equal transformers' (<= 1e-4) and greedy generation matches;
-  GGUF -> safetensors gives back a checkpoint transformers loads with the same logits (Qwen3.5).
+  GGUF -> safetensors gives back a checkpoint transformers loads with the same logits.
 * Q8_0: compared with transformers' model whose weights went through gguf-py's own
   ``quantize``/``dequantize`` for exactly the tensors the file stores as Q8_0 (and float16
   rounding for those it stores as F16) (rows are
@@ -22,7 +22,7 @@ import pytest
 import torch
 import transformers as tf
 from gguf import GGMLQuantizationType as Q, GGUFReader, quants
-from hybrid_fixtures import KINDS, hf_greedy, prompt, save_hybrid
+from hybrid_fixtures import KINDS, MOE_KINDS, hf_greedy, prompt, save_hybrid
 
 import toolkit
 from toolkit.core.convert import convert
@@ -91,10 +91,10 @@ def test_gguf_back_to_safetensors(source, tmp_path):
     with torch.no_grad():
         expected = hf(ids[None]).logits[0]
     assert (toolkit.load(back, device="cpu").logits(ids) - expected).abs().max().item() <= 1e-4
-    if kind == "qwen3_5":  # Qwen3-Next comes back with split in_proj_qkv/z/b/a names transformers does not read
-        reread = tf.Qwen3_5ForCausalLM.from_pretrained(back).eval()
-        with torch.no_grad():
-            assert (reread(ids[None]).logits[0] - expected).abs().max().item() <= 1e-4
+    # transformers reads it back: Qwen3-Next's in_proj_qkvz re-fused from llama.cpp's attn_qkv + attn_gate
+    reread = type(hf).from_pretrained(back).eval()
+    with torch.no_grad():
+        assert (reread(ids[None]).logits[0] - expected).abs().max().item() <= 1e-4
 
 
 # HF weight -> the GGUF tensor its rows land in (both layouts keep whole rows together)
@@ -120,7 +120,7 @@ def _file_type(types: dict, hf_name: str) -> str:
 
 
 def test_q8_0_matches_gguf_py_quantization(source, tmp_path):
-    _, path, hf = source
+    kind, path, hf = source
     dest = _gguf(source, tmp_path, "Q8_0")
     types = {t.name: t.tensor_type.name for t in GGUFReader(str(dest)).tensors}
     assert "Q8_0" in types.values()
@@ -136,7 +136,11 @@ def test_q8_0_matches_gguf_py_quantization(source, tmp_path):
     ids = prompt(60)
     with torch.no_grad():
         expected, original = reference(ids[None]).logits[0], hf(ids[None]).logits[0]
-    got = toolkit.load(dest, device="cpu").logits(ids)
+    loaded = toolkit.load(dest, device="cpu")
+    if kind in MOE_KINDS:  # stacked experts stay packed Q8_0 bytes on the device
+        experts = loaded.model.model.layers[0].mlp.experts
+        assert experts.gate_up_proj.dtype == torch.uint8 and experts.down_proj.dtype == torch.uint8
+    got = loaded.logits(ids)
     assert (got - expected).abs().max().item() <= 2e-5 * expected.abs().max().item() + 1e-5
     assert (got - original).abs().max().item() > 1e-4  # the file really is quantized
 

@@ -38,6 +38,7 @@ from toolkit.core.params import require_divisible
 
 from .decoder import PACKED_MODULES, CausalLM, DecoderModel, GatedMLP
 from .gated_deltanet import IN_PROJ_MEMBERS, GatedDeltaNet
+from .qwen3_next_layout import Qwen3NextHFNamer
 from .moe import EXPERT_COUNT_KEYS, MoEConfig, MoENameMap, SparseMoEBlock, moe_fields
 
 LINEAR, FULL = "linear_attention", "full_attention"
@@ -204,6 +205,10 @@ class HybridSafetensorsNames:
         if name.startswith(LANGUAGE_MODEL_PREFIX):
             name = CANONICAL_PREFIX + name[len(LANGUAGE_MODEL_PREFIX):]
         return MoENameMap(self.format, self.architecture).map(name, context)
+
+    def hf_namer(self, config: HybridConfig):
+        """What a Hugging Face writer passes tensors through (Qwen3-Next re-fuses in_proj_qkvz)."""
+        return Qwen3NextHFNamer(config) if self.architecture == "qwen3_next" else None
 
 
 QWEN3_5 = ModelArch(name="qwen3_5", config_from=_builder_config("qwen3_5"), build=build, packed_modules=HYBRID_PACKED,
