@@ -117,3 +117,15 @@ def test_moe_config_fields():
     assert [moe.is_sparse(i) for i in range(2)] == [True, True] and moe.norm_topk_prob  # transformers: always
     with pytest.raises(MissingMetadataError, match="moe_intermediate_size"):
         config_from_hf("qwen3_next", {k: v for k, v in hf.items() if k != "moe_intermediate_size"})
+
+
+def test_expert_parallel_argument(tmp_path):
+    """``toolkit.load(expert_parallel=...)`` sets the MoE config (whole experts per rank at tp > 1; the
+    tp=2 result is checked in test_qwen3_hybrid_tp.py) and is refused for a model without experts."""
+    from toolkit.core.errors import OptionError  # noqa: PLC0415
+
+    save_hybrid(tmp_path / "moe", "qwen3_5_moe")
+    assert toolkit.load(tmp_path / "moe", device="cpu", expert_parallel=True).config.expert_parallel is True
+    save_hybrid(tmp_path / "dense", "qwen3_5")
+    with pytest.raises(OptionError, match="no experts"):
+        toolkit.load(tmp_path / "dense", device="cpu", expert_parallel=True)

@@ -16,6 +16,18 @@ every change here, as data, and the writer redoes them, so our files match the c
   ``ssm_out``). Rows permute as packed rows; columns permute as whole quant blocks when a head
   spans whole blocks, else the tensor is dequantized (to F32) first.
 
+Why ``ssm_out`` under a K-quant loads as F32 (Qwen3.5 / Qwen3.5-MoE with fewer key than value
+heads only): its columns are value heads, and a K-quant block (256 columns) is wider than a
+value head (128 in the released models). In llama.cpp's tiled order one block holds value ``i``
+of two neighbouring key groups, which grouped order puts ``ratio * 128`` columns apart, so no
+move of whole blocks (or bytes) gives the grouped columns: it is not a width constraint a block
+size change can lift. Exact alternatives would keep the file's column order and permute the
+activation entering ``out_proj`` instead, which would follow the file's layout into the layer
+and does not split by heads under tensor parallelism (a rank's columns are not its heads in
+tiled order). Q8_0 / Q4_0 / Q5_x (32-column blocks) keep it packed; so does every Qwen3-Next
+file (its converter does not reorder). Cost at Qwen3.5-35B-A3B's shape (30 GDN layers of
+[2048, 4096]): about 1.0 GB in F32 instead of about 0.15 GB in Q4_K.
+
 Layer kinds come from ``{arch}.attention.recurrent_layers`` (else ``full_attention_interval``).
 
 Mixture of experts (``qwen3next`` as llama.cpp knows it, ``qwen35moe``): the MoE tables of
