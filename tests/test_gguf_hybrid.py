@@ -158,3 +158,14 @@ def test_value_head_column_reorder_of_packed_tensor(head_dim):
     got = _take_columns(tensor, order, head_dim).to_dense()
     expected = torch.from_numpy(quants.dequantize(packed, Q.Q8_0))[:, order]
     torch.testing.assert_close(got, expected, atol=0, rtol=0)
+
+
+def test_qwen3_next_with_dense_layers_is_refused_by_the_gguf_writer(tmp_path):
+    """GGUF qwen3next is all-MoE (llama.cpp builds every layer sparse): dense layers among sparse ones
+    cannot be described, and the writer says which field instead of writing another model."""
+    from toolkit.core.errors import ConversionError  # noqa: PLC0415
+
+    save_hybrid(tmp_path / "src", "qwen3_next_mixed")
+    with pytest.raises(ConversionError, match="mlp_only_layers"):
+        convert(tmp_path / "src", tmp_path / "out.gguf", to="gguf:F32")
+    assert not (tmp_path / "out.gguf").exists()

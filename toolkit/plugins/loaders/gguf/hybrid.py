@@ -26,7 +26,7 @@ activation entering ``out_proj`` instead, which would follow the file's layout i
 and does not split by heads under tensor parallelism (a rank's columns are not its heads in
 tiled order). Q8_0 / Q4_0 / Q5_x (32-column blocks) keep it packed; so does every Qwen3-Next
 file (its converter does not reorder). Cost at Qwen3.5-35B-A3B's shape (30 GDN layers of
-[2048, 4096]): about 1.0 GB in F32 instead of about 0.15 GB in Q4_K.
+[2048, 4096]): about 1.0 GB in F32 instead of about 0.14 GB in Q4_K.
 
 Layer kinds come from ``{arch}.attention.recurrent_layers`` (else ``full_attention_interval``).
 
