@@ -117,6 +117,8 @@ def test_moe_config_fields():
     assert [moe.is_sparse(i) for i in range(2)] == [True, True] and moe.norm_topk_prob  # transformers: always
     with pytest.raises(MissingMetadataError, match="moe_intermediate_size"):
         config_from_hf("qwen3_next", {k: v for k, v in hf.items() if k != "moe_intermediate_size"})
+    with pytest.raises(MissingMetadataError, match="num_experts"):
+        config_from_hf("qwen3_5_moe", {k: v for k, v in hf.items() if k != "num_experts"})
 
 
 def test_expert_parallel_argument(tmp_path):

@@ -93,7 +93,8 @@ def _builder_config(family: str):
     def config_from(hf_config: dict) -> HybridConfig:
         hf = text_config(hf_config)
         experts = _expert_fields(family, hf)
-        if family == "qwen3_5_moe" and hf.get("intermediate_size") is None:  # no dense MLP in this family
+        if family == "qwen3_5_moe" and hf.get("intermediate_size") is None:
+            # no dense MLP in this family; raw stays the checkpoint's (a writer must not store a made-up size)
             fields = {**base_fields({**hf, "intermediate_size": experts["moe_intermediate_size"]}, family), "raw": hf}
         else:
             fields = base_fields(hf, family)
@@ -115,7 +116,7 @@ def _expert_fields(family: str, hf: dict) -> dict:
     """The MoEConfig fields: none for dense Qwen3.5 or a Qwen3-Next without experts (its
     ``mlp_only_layers`` then mean nothing); Qwen3.5-MoE is sparse on every layer and, like
     transformers' router for it, always renormalises."""
-    if family == "qwen3_5" or not any(hf.get(key) for key in EXPERT_COUNT_KEYS):
+    if family == "qwen3_5" or (family == "qwen3_next" and not any(hf.get(key) for key in EXPERT_COUNT_KEYS)):
         return {}
     fields = moe_fields(hf, norm_topk_default=True)  # Qwen3NextConfig's default
     if family == "qwen3_5_moe":
