@@ -1,11 +1,12 @@
 """GGUF ``qwen35`` / ``qwen3next``: our writer's files against llama.cpp's converter and transformers.
 
-* Layout: the Qwen3.5 file ``toolkit convert`` writes has exactly the tensor names, shapes, F32
-  values (fingerprints) and ``qwen35.*`` metadata llama.cpp's own converter writes for the same
-  checkpoint (recorded in tests/data/llamacpp_hybrid_layout.json by the script beside it).
-  Qwen3-Next is not recorded: llama.cpp's qwen3next has MoE FFNs only, and the tiny model is dense.
+* Layout: the Qwen3.5, Qwen3-Next (MoE) and Qwen3.5-MoE files ``toolkit convert`` writes have
+  exactly the tensor names, shapes, F32 values (fingerprints) and ``{arch}.*`` metadata
+  llama.cpp's own converter writes for the same checkpoint (recorded in
+  tests/data/llamacpp_hybrid_layout.json by the script beside it). The dense Qwen3-Next is not
+  recorded: llama.cpp's qwen3next has MoE FFNs only.
 * F32: logits from our GGUF equal transformers' (<= 1e-4) and greedy generation matches;
-  GGUF -> safetensors gives back a checkpoint transformers loads with the same logits (Qwen3.5).
+  GGUF -> safetensors gives back a checkpoint transformers loads with the same logits.
 * Q8_0: compared with transformers' model whose weights went through gguf-py's own
   ``quantize``/``dequantize`` for exactly the tensors the file stores as Q8_0 (and float16
   rounding for those it stores as F16) (rows are
@@ -21,7 +22,7 @@ import pytest
 import torch
 import transformers as tf
 from gguf import GGMLQuantizationType as Q, GGUFReader, quants
-from hybrid_fixtures import KINDS, hf_greedy, prompt, save_hybrid
+from hybrid_fixtures import KINDS, MOE_KINDS, hf_greedy, prompt, save_hybrid
 
 import toolkit
 from toolkit.core.convert import convert
@@ -47,12 +48,13 @@ def _fingerprint(values) -> list[float]:
     return [float(flat.sum()), float((flat * np.linspace(-1.0, 1.0, flat.size)).sum())]
 
 
-def test_qwen35_file_matches_llama_cpp_converter(tmp_path):
+@pytest.mark.parametrize("kind", sorted(LAYOUT))
+def test_file_matches_llama_cpp_converter(kind, tmp_path):
     path = tmp_path / "src"
-    save_hybrid(path, "qwen3_5")
+    save_hybrid(path, kind)
     dest = tmp_path / "ours.gguf"
     convert(path, dest, to="gguf:F32")
-    reader, expected = GGUFReader(str(dest)), LAYOUT["qwen3_5"]
+    reader, expected = GGUFReader(str(dest)), LAYOUT[kind]
     ours = {t.name: t for t in reader.tensors}
     assert sorted(ours) == sorted(expected["tensors"])
     for name, want in expected["tensors"].items():
@@ -89,10 +91,10 @@ def test_gguf_back_to_safetensors(source, tmp_path):
     with torch.no_grad():
         expected = hf(ids[None]).logits[0]
     assert (toolkit.load(back, device="cpu").logits(ids) - expected).abs().max().item() <= 1e-4
-    if kind == "qwen3_5":  # Qwen3-Next comes back with split in_proj_qkv/z/b/a names transformers does not read
-        reread = tf.Qwen3_5ForCausalLM.from_pretrained(back).eval()
-        with torch.no_grad():
-            assert (reread(ids[None]).logits[0] - expected).abs().max().item() <= 1e-4
+    # transformers reads it back: Qwen3-Next's in_proj_qkvz re-fused from llama.cpp's attn_qkv + attn_gate
+    reread = type(hf).from_pretrained(back).eval()
+    with torch.no_grad():
+        assert (reread(ids[None]).logits[0] - expected).abs().max().item() <= 1e-4
 
 
 # HF weight -> the GGUF tensor its rows land in (both layouts keep whole rows together)
@@ -101,7 +103,10 @@ HF_TO_GGUF = {"linear_attn.in_proj_qkv": "attn_qkv", "linear_attn.in_proj_z": "a
               "linear_attn.in_proj_qkvz": "attn_qkv", "linear_attn.in_proj_ba": "ssm_ba",
               "linear_attn.out_proj": "ssm_out", "linear_attn.conv1d": "ssm_conv1d", "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
               "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate",
-              "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down"}
+              "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down", "mlp.gate": "ffn_gate_inp",
+              "mlp.experts.gate_up_proj": "ffn_gate_exps", "mlp.experts.down_proj": "ffn_down_exps",
+              "mlp.shared_expert.gate_proj": "ffn_gate_shexp", "mlp.shared_expert.up_proj": "ffn_up_shexp",
+              "mlp.shared_expert.down_proj": "ffn_down_shexp", "mlp.shared_expert_gate": "ffn_gate_inp_shexp"}
 
 
 def _file_type(types: dict, hf_name: str) -> str:
@@ -110,11 +115,12 @@ def _file_type(types: dict, hf_name: str) -> str:
     if hf_name == "lm_head.weight":
         return types["output.weight"]
     parts = hf_name.split(".")
-    return types[f"blk.{parts[2]}.{HF_TO_GGUF['.'.join(parts[3:5])]}.weight"]
+    module = next(m for m in (".".join(parts[3:6]), ".".join(parts[3:5])) if m in HF_TO_GGUF)
+    return types[f"blk.{parts[2]}.{HF_TO_GGUF[module]}.weight"]
 
 
 def test_q8_0_matches_gguf_py_quantization(source, tmp_path):
-    _, path, hf = source
+    kind, path, hf = source
     dest = _gguf(source, tmp_path, "Q8_0")
     types = {t.name: t.tensor_type.name for t in GGUFReader(str(dest)).tensors}
     assert "Q8_0" in types.values()
@@ -133,7 +139,11 @@ def test_q8_0_matches_gguf_py_quantization(source, tmp_path):
     ids = prompt(60)
     with torch.no_grad():
         expected, original = reference(ids[None]).logits[0], hf(ids[None]).logits[0]
-    got = toolkit.load(dest, device="cpu").logits(ids)
+    loaded = toolkit.load(dest, device="cpu")
+    if kind in MOE_KINDS:  # stacked experts stay packed Q8_0 bytes on the device
+        experts = loaded.model.model.layers[0].mlp.experts
+        assert experts.gate_up_proj.dtype == torch.uint8 and experts.down_proj.dtype == torch.uint8
+    got = loaded.logits(ids)
     assert (got - expected).abs().max().item() <= 2e-5 * expected.abs().max().item() + 1e-5
     assert (got - original).abs().max().item() > 1e-4  # the file really is quantized
 
@@ -151,3 +161,14 @@ def test_value_head_column_reorder_of_packed_tensor(head_dim):
     got = _take_columns(tensor, order, head_dim).to_dense()
     expected = torch.from_numpy(quants.dequantize(packed, Q.Q8_0))[:, order]
     torch.testing.assert_close(got, expected, atol=0, rtol=0)
+
+
+def test_qwen3_next_with_dense_layers_is_refused_by_the_gguf_writer(tmp_path):
+    """GGUF qwen3next is all-MoE (llama.cpp builds every layer sparse): dense layers among sparse ones
+    cannot be described, and the writer says which field instead of writing another model."""
+    from toolkit.core.errors import ConversionError  # noqa: PLC0415
+
+    save_hybrid(tmp_path / "src", "qwen3_next_mixed")
+    with pytest.raises(ConversionError, match="mlp_only_layers"):
+        convert(tmp_path / "src", tmp_path / "out.gguf", to="gguf:F32")
+    assert not (tmp_path / "out.gguf").exists()

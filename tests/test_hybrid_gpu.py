@@ -1,5 +1,5 @@
 """On a CUDA device: the Triton recurrent decode kernels against the torch references, and the
-engine on a tiny hybrid model (decode replayed from CUDA graphs) against one-at-a-time greedy on
+engine on a tiny hybrid model, dense and MoE (decode replayed from CUDA graphs, fused-MoE Triton kernel) against one-at-a-time greedy on
 CPU (which test_qwen3_hybrid.py checks against transformers). Skipped without CUDA."""
 from __future__ import annotations
 
@@ -63,15 +63,19 @@ def test_gated_delta_rule_decode_kernel_matches_reference(shape, dtype):
     torch.testing.assert_close(state_tri, state_ref, atol=1e-4, rtol=1e-4)
 
 
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    given = os.environ.get("HYBRID_GPU_MODEL")  # a checkpoint made elsewhere (device transformers may lack Qwen3.5)
+# kind -> environment variable naming a checkpoint made elsewhere (the device's transformers may lack the class)
+GPU_KINDS = {"qwen3_5": "HYBRID_GPU_MODEL", "qwen3_5_moe": "HYBRID_MOE_GPU_MODEL"}
+
+
+@pytest.fixture(scope="module", params=list(GPU_KINDS))
+def tiny(request, tmp_path_factory):
+    given = os.environ.get(GPU_KINDS[request.param])
     if given:
         return Path(given)
     from hybrid_fixtures import save_hybrid  # noqa: PLC0415
 
-    path = tmp_path_factory.mktemp("q35")
-    save_hybrid(path, "qwen3_5", seed=8)
+    path = tmp_path_factory.mktemp(request.param)
+    save_hybrid(path, request.param, seed=8)
     return path
 
 

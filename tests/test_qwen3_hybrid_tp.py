@@ -2,13 +2,14 @@
 
 Each rank holds one of the two linear-attention key heads with its two value heads (and their
 conv channels, A_log, dt_bias), so Qwen3-Next's per-key-head interleaved projections and
-Qwen3.5's split ones are both cut by heads.
+Qwen3.5's split ones are both cut by heads. The MoE kinds split every expert's intermediate
+dimension, or (``expert_parallel=True`` passed to ``toolkit.load``) give each rank two whole experts.
 """
 from __future__ import annotations
 
 import pytest
 import torch
-from hybrid_fixtures import KINDS, prompt, save_hybrid
+from hybrid_fixtures import KINDS, MOE_KINDS, prompt, save_hybrid
 
 import toolkit
 
@@ -18,22 +19,30 @@ def only_needed_plugins():
     from toolkit.core.registry import reset_default_registry  # noqa: PLC0415
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("TOOLKIT_PLUGINS", "safetensors,unquantized,qwen3-hybrid,reference-kernels")
+        patch.setenv("TOOLKIT_PLUGINS", "safetensors,unquantized,qwen3-hybrid,reference-kernels,moe-kernels")
         reset_default_registry()
         yield
     reset_default_registry()
 
 
+def _expert_shapes(loaded):
+    experts = loaded.model.model.layers[0].mlp.experts
+    return tuple(experts.gate_up_proj.shape), tuple(experts.down_proj.shape)
+
+
 @pytest.mark.slow  # two spawned workers per case: ~15 s each on 2 cores
-@pytest.mark.parametrize("kind", list(KINDS))
-def test_tp2_matches_tp1(kind, tmp_path):
+@pytest.mark.parametrize("kind, expert_parallel", [(kind, None) for kind in KINDS] + [("qwen3_5_moe", True)])
+def test_tp2_matches_tp1(kind, expert_parallel, tmp_path):
     save_hybrid(tmp_path, kind, seed=3)
     ids = prompt(100, seed=4)
     single = toolkit.load(tmp_path, device="cpu")
     expected_logits, expected_tokens = single.logits(ids), single.generate(ids[:11], 8, stop_token_ids=[])
-    with toolkit.load(tmp_path, tp=2, device="cpu") as handle:
+    with toolkit.load(tmp_path, tp=2, device="cpu", expert_parallel=expert_parallel) as handle:
         torch.testing.assert_close(handle.logits(ids), expected_logits, atol=1e-5, rtol=0)
         assert handle.generate(ids[:11], 8, stop_token_ids=[]) == expected_tokens
+        if kind in MOE_KINDS:  # 4 experts of intermediate 32, hidden 64
+            per_rank = ((2, 64, 64), (2, 64, 32)) if expert_parallel else ((4, 32, 64), (4, 64, 16))
+            assert handle.run_all(_expert_shapes) == [per_rank, per_rank]
 
 
 @pytest.mark.slow

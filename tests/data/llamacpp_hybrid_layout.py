@@ -18,8 +18,8 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 # llama.cpp's qwen3next architecture has sparse-MoE FFNs only (no dense ffn_gate/up/down), so the
-# dense-MLP tiny Qwen3-Next cannot be converted by it; only Qwen3.5 is recorded.
-ONLY = ("qwen3_5",)
+# dense-MLP tiny Qwen3-Next cannot be converted by it; the MoE one can.
+ONLY = ("qwen3_5", "qwen3_next_moe", "qwen3_5_moe")
 RUNNER = """
 import sys
 sys.argv = ["convert_hf_to_gguf.py", *sys.argv[1:]]

@@ -13,7 +13,7 @@ from .parallel import SINGLE, ParallelContext
 
 def load(ref, format: str | None = None, quant: str | None = None, dtype: str | torch.dtype | None = None,
          device: str | torch.device | None = None, tp: int = 1, *, tokenizer: str | None = None,
-         progress: Progress | None = None):
+         progress: Progress | None = None, expert_parallel: bool | None = None):
     """Load a model through the plugins.
 
     :param ref: local file or directory, or a hub repo id (``org/name`` or ``org/name:QUANT``)
@@ -25,10 +25,14 @@ def load(ref, format: str | None = None, quant: str | None = None, dtype: str | 
     :param tp: tensor-parallel size. Under torchrun (WORLD_SIZE set) each rank gets its shard;
         from a single process, tp > 1 starts and manages that many worker processes and returns
         a handle whose calls run on all ranks.
+    :param expert_parallel: for mixture-of-experts models at tp > 1, True gives each rank ``E / tp``
+        whole experts, False splits every expert's intermediate dimension (None: the config's
+        ``expert_parallel`` key, default False); OptionError for a model without experts
     :returns: LoadedModel (``.model .config .tokenizer .report .logits() .generate()``)
     """
     device = parse_device(device)
-    load_config = LoadConfig(format=format, quant=quant, dtype=parse_dtype(dtype), device=device, tokenizer=tokenizer)
+    load_config = LoadConfig(format=format, quant=quant, dtype=parse_dtype(dtype), device=device, tokenizer=tokenizer,
+                             expert_parallel=expert_parallel)
     if tp > 1 or int(os.environ.get("WORLD_SIZE", "1")) > 1:
         from . import distributed  # noqa: PLC0415 - only multi-rank loads need it
 

@@ -89,6 +89,9 @@ def load_command(
     dtype: Annotated[Optional[str], typer.Option(help=f"Weight/activation dtype: {', '.join(DTYPE_CHOICES)}.")] = None,
     device: Annotated[Optional[str], typer.Option(help="cpu, cuda, cuda:1 ... (default: cuda if available).")] = None,
     tp: Annotated[int, typer.Option(min=1, help="Tensor-parallel size (starts that many worker processes).")] = 1,
+    expert_parallel: Annotated[Optional[bool], typer.Option(
+        "--expert-parallel/--no-expert-parallel",
+        help="MoE at --tp > 1: whole experts per rank, or every expert split (default: the config's).")] = None,
     prompt: Annotated[Optional[str], typer.Option(help="Complete this text greedily after loading.")] = None,
     max_tokens: Annotated[int, typer.Option(min=1, help="Most new tokens for --prompt.")] = 32,
     tokenizer: Annotated[Optional[str], typer.Option(help="Tokenizer directory overriding the checkpoint's.")] = None,
@@ -115,7 +118,7 @@ def load_command(
     bar = ProgressBar()
     try:
         loaded = load(reference, format=format, quant=quant, dtype=dtype, device=device, tp=tp, tokenizer=tokenizer,
-                      progress=bar)
+                      progress=bar, expert_parallel=expert_parallel)
     finally:
         bar.close()
     try:

@@ -103,6 +103,9 @@ class LoadConfig:
     device: torch.device = torch.device("cpu")
     tokenizer: str | None = None
     config_override: str | None = None
+    # Mixture-of-experts sharding at tp > 1: True gives ranks whole experts, False splits every
+    # expert; None keeps what the model's config says (its ``expert_parallel`` key, default False).
+    expert_parallel: bool | None = None
     # The rank this load runs on (set by load.load_local from its ParallelContext), so that
     # loaders of per-rank files can open the right rank's files and check the tp size.
     tp_rank: int = 0

@@ -16,8 +16,8 @@ from . import source as sources
 from .checkpoint import Checkpoint, Source
 from .config import LoadConfig, ModelConfig
 from .config_checks import check_hf_config, check_model_config
-from .errors import (CheckpointError, InvalidConfigError, MissingTensorError, ShapeMismatchError, SourceError,
-                     UnexpectedTensorError, UnknownNameError)
+from .errors import (CheckpointError, InvalidConfigError, MissingTensorError, OptionError, ShapeMismatchError,
+                     SourceError, UnexpectedTensorError, UnknownNameError)
 from .names import MappedName, NameContext
 from .parallel import SINGLE, ParallelContext
 from .quant import DEFAULT_SCHEME, QuantScheme
@@ -177,6 +177,7 @@ def load_checkpoint(checkpoint: Checkpoint, *, registry: Registry, load_config: 
     """Build the model a checkpoint describes and fill it; returns (model, arch, config, scheme)."""
     with report.phase("build"):
         arch, config = read_config(checkpoint, registry)
+        config = with_expert_parallel(config, load_config.expert_parallel)
         name_map = _name_map(registry, checkpoint, arch)
         # refused here, before build allocates anything the config implies
         check_against_checkpoint(config, checkpoint, name_map, NameContext(arch, config, frozenset()),
@@ -197,6 +198,16 @@ def load_checkpoint(checkpoint: Checkpoint, *, registry: Registry, load_config: 
     report.num_parameters = sum(_logical_numel(p) for p in model.parameters())
     report.parameter_bytes = sum(p.nbytes for p in model.parameters()) + sum(b.nbytes for b in model.buffers())
     return model, arch, config, scheme
+
+
+def with_expert_parallel(config, wanted: bool | None):
+    """``config`` with the caller's expert-parallel choice (None: unchanged); OptionError when the
+    model has no experts to place."""
+    if wanted is None:
+        return config
+    if not getattr(config, "num_experts", 0) or not hasattr(config, "expert_parallel"):
+        raise OptionError(f"expert_parallel: the {config.architecture} model has no experts")
+    return dataclasses.replace(config, expert_parallel=bool(wanted))
 
 
 def _name_map(registry: Registry, checkpoint: Checkpoint, arch):

@@ -12,8 +12,13 @@ Qwen3.5's rotary is multimodal (MRoPE); for text all three position streams are 
 position, which is ordinary RoPE. Of a ``Qwen3_5ForConditionalGeneration`` checkpoint only the
 language model (``model.language_model.``) is loaded; the vision tower is skipped.
 Multi-token-prediction weights (``mtp.*``) are skipped: they only serve speculative decoding,
-which toolkit does not do. Qwen3-Next checkpoints with sparse-MoE MLP layers are refused with
-a typed error (this file builds dense MLPs only).
+which toolkit does not do.
+
+Mixture of experts: Qwen3-Next's MLP is sparse on the layers ``MoEConfig.is_sparse`` picks
+(``num_experts``, ``decoder_sparse_step``, ``mlp_only_layers``; renormalised top-k when
+``norm_topk_prob``) and Qwen3.5-MoE's on every layer (always renormalised); both have a shared
+expert behind a sigmoid gate. The sparse block is the MoE plugin's ``SparseMoEBlock`` and the
+expert names its ``MoENameMap`` (per-expert or stacked), composed here, not copied.
 """
 from __future__ import annotations
 
@@ -23,16 +28,18 @@ import torch
 from torch import nn
 
 from toolkit.core.arch import ModelArch
-from toolkit.core.config import ModelConfig, base_fields, eos_ids
+from toolkit.core.config import base_fields, eos_ids
 from toolkit.core.errors import CheckpointError, MissingMetadataError
 from toolkit.core.hookspecs import hookimpl
 from toolkit.core.layers import (Attention, AttentionMetadata, QKVParallelLinear, RMSNorm, RotaryEmbedding,
                                  RowParallelLinear)
-from toolkit.core.names import HFNameMap, MappedName, NameContext
+from toolkit.core.names import MappedName, NameContext
 from toolkit.core.params import require_divisible
 
 from .decoder import PACKED_MODULES, CausalLM, DecoderModel, GatedMLP
 from .gated_deltanet import IN_PROJ_MEMBERS, GatedDeltaNet
+from .qwen3_next_layout import Qwen3NextHFNamer
+from .moe import EXPERT_COUNT_KEYS, MoEConfig, MoENameMap, SparseMoEBlock, moe_fields
 
 LINEAR, FULL = "linear_attention", "full_attention"
 NORM_OFFSET = 1.0
@@ -41,7 +48,9 @@ HYBRID_PACKED = {**PACKED_MODULES, "in_proj": IN_PROJ_MEMBERS}
 
 
 @dataclass
-class HybridConfig(ModelConfig):
+class HybridConfig(MoEConfig):
+    """MoEConfig (no experts for a dense model) plus the hybrid layer kinds and GDN sizes."""
+
     layer_types: tuple[str, ...] = ()
     partial_rotary_factor: float = DEFAULT_PARTIAL_ROTARY
     linear_num_key_heads: int = 16
@@ -76,21 +85,24 @@ def layer_types(hf: dict, num_layers: int) -> tuple[str, ...]:
 
 
 def config_from_hf(family: str, hf_config: dict) -> HybridConfig:
-    """The ``family`` ("qwen3_5" or "qwen3_next") config from an HF-vocabulary dict."""
+    """The ``family`` ("qwen3_5", "qwen3_next" or "qwen3_5_moe") config from an HF-vocabulary dict."""
     return _builder_config(family)(hf_config)
 
 
 def _builder_config(family: str):
     def config_from(hf_config: dict) -> HybridConfig:
         hf = text_config(hf_config)
-        fields = base_fields(hf, family)
+        experts = _expert_fields(family, hf)
+        if family == "qwen3_5_moe" and hf.get("intermediate_size") is None:
+            # no dense MLP in this family; raw stays the checkpoint's (a writer must not store a made-up size)
+            fields = {**base_fields({**hf, "intermediate_size": experts["moe_intermediate_size"]}, family), "raw": hf}
+        else:
+            fields = base_fields(hf, family)
         fields["eos_token_ids"] = eos_ids(hf.get("eos_token_id"))
         rope = hf.get("rope_parameters") or {}
         partial = rope.get("partial_rotary_factor", hf.get("partial_rotary_factor", DEFAULT_PARTIAL_ROTARY))
         types = layer_types(hf, fields["num_layers"])
-        if family == "qwen3_next":
-            _refuse_moe(hf, len(types))
-        return HybridConfig(**fields, layer_types=types, partial_rotary_factor=float(partial),
+        return HybridConfig(**fields, **experts, layer_types=types, partial_rotary_factor=float(partial),
                             linear_num_key_heads=int(hf.get("linear_num_key_heads", 16)),
                             linear_num_value_heads=int(hf.get("linear_num_value_heads", 32)),
                             linear_key_head_dim=int(hf.get("linear_key_head_dim", 128)),
@@ -100,13 +112,16 @@ def _builder_config(family: str):
     return config_from
 
 
-def _refuse_moe(hf: dict, num_layers: int) -> None:
-    experts, step = int(hf.get("num_experts") or 0), int(hf.get("decoder_sparse_step") or 1)
-    dense = set(hf.get("mlp_only_layers") or ())
-    sparse = [i for i in range(num_layers) if i not in dense and experts > 0 and (i + 1) % step == 0]
-    if sparse:
-        raise CheckpointError(f"Qwen3-Next with sparse-MoE MLP layers ({len(sparse)} of {num_layers}) is not "
-                              "supported by this architecture plugin (dense-MLP Qwen3-Next only)", file="config")
+def _expert_fields(family: str, hf: dict) -> dict:
+    """The MoEConfig fields: none for dense Qwen3.5 or a Qwen3-Next without experts (its
+    ``mlp_only_layers`` then mean nothing); Qwen3.5-MoE is sparse on every layer and, like
+    transformers' router for it, always renormalises."""
+    if family == "qwen3_5" or (family == "qwen3_next" and not any(hf.get(key) for key in EXPERT_COUNT_KEYS)):
+        return {}
+    fields = moe_fields(hf, norm_topk_default=True)  # Qwen3NextConfig's default
+    if family == "qwen3_5_moe":
+        fields.update(norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=())
+    return fields
 
 
 # ---- model -------------------------------------------------------------------------------
@@ -154,7 +169,8 @@ class HybridDecoderLayer(nn.Module):
             self.self_attn = GatedAttention(config, quant=quant, parallel=parallel, prefix=f"{prefix}.self_attn")
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, weight_offset=NORM_OFFSET,
                                                 dtype=dtype)
-        self.mlp = GatedMLP(config, quant=quant, parallel=parallel, prefix=f"{prefix}.mlp")
+        block = SparseMoEBlock if config.is_sparse(index) else GatedMLP
+        self.mlp = block(config, quant=quant, parallel=parallel, prefix=f"{prefix}.mlp")
 
     def forward(self, positions: torch.Tensor, hidden: torch.Tensor, attn: AttentionMetadata) -> torch.Tensor:
         normed = self.input_layernorm(hidden)
@@ -178,7 +194,8 @@ SKIPPED_PREFIXES = ("mtp.", "model.mtp.", "model.visual.", "visual.")
 
 @dataclass(frozen=True)
 class HybridSafetensorsNames:
-    """HF names; a multimodal checkpoint's language model unwrapped, vision and MTP weights skipped."""
+    """HF names; a multimodal checkpoint's language model unwrapped, vision and MTP weights skipped,
+    expert tensors (per-expert or stacked) through the MoE plugin's map."""
 
     architecture: str
     format: str = "safetensors"
@@ -188,22 +205,31 @@ class HybridSafetensorsNames:
             return None
         if name.startswith(LANGUAGE_MODEL_PREFIX):
             name = CANONICAL_PREFIX + name[len(LANGUAGE_MODEL_PREFIX):]
-        return HFNameMap(self.format).map(name, context)
+        return MoENameMap(self.format, self.architecture).map(name, context)
+
+    def hf_namer(self, config: HybridConfig):
+        """What a Hugging Face writer passes tensors through (Qwen3-Next re-fuses in_proj_qkvz)."""
+        return Qwen3NextHFNamer(config) if self.architecture == "qwen3_next" else None
 
 
 QWEN3_5 = ModelArch(name="qwen3_5", config_from=_builder_config("qwen3_5"), build=build, packed_modules=HYBRID_PACKED,
                     aliases=("Qwen3_5ForCausalLM", "qwen3_5_text", "Qwen3_5ForConditionalGeneration", "qwen3_5"))
 QWEN3_NEXT = ModelArch(name="qwen3_next", config_from=_builder_config("qwen3_next"), build=build,
                        packed_modules=HYBRID_PACKED, aliases=("Qwen3NextForCausalLM",))
+QWEN3_5_MOE = ModelArch(name="qwen3_5_moe", config_from=_builder_config("qwen3_5_moe"), build=build,
+                        packed_modules=HYBRID_PACKED,
+                        aliases=("Qwen3_5MoeForCausalLM", "qwen3_5_moe_text", "Qwen3_5MoeForConditionalGeneration",
+                                 "qwen3_5_moe"))
+HYBRID_ARCHS = (QWEN3_5, QWEN3_NEXT, QWEN3_5_MOE)
 
 
 @hookimpl
 def register_architectures(register):
-    register(QWEN3_5)
-    register(QWEN3_NEXT)
+    for arch in HYBRID_ARCHS:
+        register(arch)
 
 
 @hookimpl
 def register_name_maps(register):
-    register(HybridSafetensorsNames("qwen3_5"))
-    register(HybridSafetensorsNames("qwen3_next"))
+    for arch in HYBRID_ARCHS:
+        register(HybridSafetensorsNames(arch.name))

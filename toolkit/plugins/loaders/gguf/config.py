@@ -50,6 +50,7 @@ class ArchSpec:
     :param constants: HF keys llama.cpp fixes for this architecture (the file does not store them)
     :param derived: functions (config so far) -> more keys, for values computed from others
     :param also: other HF architectures llama.cpp writes under this name (Mixtral as ``llama``)
+    :param optional: suffixes of REQUIRED this architecture may lack (Qwen3.5-MoE has no dense FFN)
     """
 
     model_type: str
@@ -58,6 +59,7 @@ class ArchSpec:
     constants: Mapping[str, Any] = field(default_factory=dict)
     derived: tuple[Callable[[dict], dict], ...] = ()
     also: tuple[str, ...] = ()
+    optional: tuple[str, ...] = ()
 
 
 def gemma3_layer_types(config: dict) -> dict:
@@ -94,8 +96,12 @@ ARCHS: dict[str, ArchSpec] = {
     # Gated DeltaNet hybrids: see hybrid.py for the ssm.* keys and the layer kinds
     "qwen35": ArchSpec("qwen3_5_text", ("Qwen3_5ForCausalLM",), keys=HYBRID_KEYS, constants={"hidden_act": "silu"},
                        derived=(hybrid_derived,)),
-    "qwen3next": ArchSpec("qwen3_next", ("Qwen3NextForCausalLM",), keys=HYBRID_KEYS, constants={"hidden_act": "silu"},
-                          derived=(hybrid_derived,)),
+    # llama.cpp renormalises qwen3next's and qwen35moe's top-k weights (build_moe_ffn norm_w)
+    "qwen3next": ArchSpec("qwen3_next", ("Qwen3NextForCausalLM",), keys={**HYBRID_KEYS, **MOE_KEYS},
+                          constants={"hidden_act": "silu", "norm_topk_prob": True}, derived=(hybrid_derived,)),
+    "qwen35moe": ArchSpec("qwen3_5_moe_text", ("Qwen3_5MoeForCausalLM",), keys={**HYBRID_KEYS, **MOE_KEYS},
+                          constants={"hidden_act": "silu", "norm_topk_prob": True}, derived=(hybrid_derived,),
+                          optional=("feed_forward_length",)),
 }
 
 
@@ -111,7 +117,7 @@ def hf_config(metadata: Metadata, tensor_names: list[str], tensor_types: Mapping
     config: dict[str, Any] = {"model_type": spec.model_type if spec else arch,
                               "architectures": list(spec.architectures) if spec else []}
     if spec is not None:  # an unknown architecture fails later, listing the known ones
-        for suffix in REQUIRED:
+        for suffix in (s for s in REQUIRED if s not in spec.optional):
             metadata.require(f"{arch}.{suffix}")
     for suffix, hf_key in {**(spec.keys if spec else {}), **DECODER_KEYS}.items():
         if f"{arch}.{suffix}" in metadata:

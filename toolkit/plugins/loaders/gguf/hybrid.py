@@ -16,7 +16,23 @@ every change here, as data, and the writer redoes them, so our files match the c
   ``ssm_out``). Rows permute as packed rows; columns permute as whole quant blocks when a head
   spans whole blocks, else the tensor is dequantized (to F32) first.
 
+Why ``ssm_out`` under a K-quant loads as F32 (Qwen3.5 / Qwen3.5-MoE with fewer key than value
+heads only): its columns are value heads, and a K-quant block (256 columns) is wider than a
+value head (128 in the released models). In llama.cpp's tiled order one block holds value ``i``
+of two neighbouring key groups, which grouped order puts ``ratio * 128`` columns apart, so no
+move of whole blocks (or bytes) gives the grouped columns: it is not a width constraint a block
+size change can lift. Exact alternatives would keep the file's column order and permute the
+activation entering ``out_proj`` instead, which would follow the file's layout into the layer
+and does not split by heads under tensor parallelism (a rank's columns are not its heads in
+tiled order). Q8_0 / Q4_0 / Q5_x (32-column blocks) keep it packed; so does every Qwen3-Next
+file (its converter does not reorder). Cost at Qwen3.5-35B-A3B's shape (30 GDN layers of
+[2048, 4096]): about 1.0 GB in F32 instead of about 0.14 GB in Q4_K.
+
 Layer kinds come from ``{arch}.attention.recurrent_layers`` (else ``full_attention_interval``).
+
+Mixture of experts (``qwen3next`` as llama.cpp knows it, ``qwen35moe``): the MoE tables of
+moe_names.py, unchanged: stacked ``ffn_{gate,up,down}_exps`` (kept packed), the router
+``ffn_gate_inp`` and the shared expert ``ffn_*_shexp`` with its gate ``ffn_gate_inp_shexp``.
 """
 from __future__ import annotations
 
@@ -33,8 +49,10 @@ from toolkit.core.config import ModelConfig
 from toolkit.core.errors import ConversionError
 from toolkit.core.names import MappedName, NameContext, split_packed
 
-from .names import GLOBAL_LEAVES, LAYER_LEAVES, IGNORED, GGUFNameMap, to_dense
+from .moe_names import EXPERT_LEAVES, MOE_LEAVES, ROUTER_LEAVES
+from .names import GLOBAL_LEAVES, LAYER_LEAVES, IGNORED, GGUFNameMap, as_matrix, to_dense
 from .tensor import GGUFTensor
+from .writer_names import expert_leaves
 
 LINEAR, FULL = "linear_attention", "full_attention"
 QWEN35_MROPE_SECTIONS = [11, 11, 10, 0]  # what the converter writes when the config has none
@@ -44,7 +62,8 @@ _COMMON = {**{k: v for k, v in LAYER_LEAVES.items() if k != "ffn_norm"},
            "attn_qkv": "linear_attn.in_proj_qkv", "attn_gate": "linear_attn.in_proj_z",
            "ssm_conv1d": "linear_attn.conv1d", "ssm_norm": "linear_attn.norm", "ssm_out": "linear_attn.out_proj"}
 QWEN35_LEAVES = {**_COMMON, "ssm_beta": "linear_attn.in_proj_b", "ssm_alpha": "linear_attn.in_proj_a"}
-QWEN3NEXT_LEAVES = {**_COMMON, "ssm_ba": "linear_attn.in_proj_ba"}
+QWEN3NEXT_LEAVES = {**_COMMON, **MOE_LEAVES, "ssm_ba": "linear_attn.in_proj_ba"}
+QWEN35MOE_LEAVES = {**QWEN35_LEAVES, **MOE_LEAVES}
 # GGUF (leaf, kind) -> HF parameter inside the layer, for the two that are not "<module>.<kind>"
 SPECIAL = {("ssm_a", None): "linear_attn.A_log", ("ssm_dt", "bias"): "linear_attn.dt_bias"}
 SPECIAL_INVERSE = {hf: leaf for leaf, hf in SPECIAL.items()}
@@ -122,8 +141,8 @@ class HybridGGUFNames(GGUFNameMap):
     norm_offset: float = 1.0
     tiled_values: bool = True  # Qwen3.5's converter reorders value heads; Qwen3-Next's does not
 
-    def namer(self, config: ModelConfig, gguf_arch: str) -> "HybridGGUFNamer":
-        return HybridGGUFNamer(self, config, gguf_arch)
+    def namer(self, config: ModelConfig, gguf_arch: str, packed_modules=None) -> "HybridGGUFNamer":
+        return HybridGGUFNamer(self, config, gguf_arch, packed_modules or {})
 
     def map(self, name: str, context: NameContext) -> MappedName | None:
         if name in IGNORED:
@@ -132,6 +151,9 @@ class HybridGGUFNames(GGUFNameMap):
         if not match:
             return MappedName(name)
         leaf, kind, layer = match["leaf"], match["kind"], match["layer"]
+        if layer is not None and leaf in self.experts:  # all experts at once, still packed
+            target, shard = self.experts[leaf]
+            return MappedName(f"model.layers.{layer}.{target}", shard)
         if layer is None:
             hf = f"{GLOBAL_LEAVES[leaf]}.{kind}" if leaf in GLOBAL_LEAVES and kind else None
         elif (leaf, kind) in SPECIAL:
@@ -145,8 +167,10 @@ class HybridGGUFNames(GGUFNameMap):
 
     def _steps(self, leaf: str, config: ModelConfig) -> Callable[[Any], Any] | None:
         steps: list[Callable[[Any], Any]] = []
-        if leaf.endswith("norm") or leaf in DENSE_LEAVES:
+        if leaf.endswith("norm") or leaf in DENSE_LEAVES or leaf in ROUTER_LEAVES:
             steps.append(to_dense)
+        if leaf in ROUTER_LEAVES:
+            steps.append(as_matrix)
         if leaf.endswith("norm") and leaf != "ssm_norm":
             steps.append(lambda t: t.float() - self.norm_offset)
         dims = _Dims.of(config)
@@ -175,8 +199,9 @@ def _chain(steps):
 class HybridGGUFNamer:
     """HF names and values -> llama.cpp's (the inverse of ``HybridGGUFNames``)."""
 
-    def __init__(self, name_map: HybridGGUFNames, config: ModelConfig, gguf_arch: str):
+    def __init__(self, name_map: HybridGGUFNames, config: ModelConfig, gguf_arch: str, packed_modules):
         self.name_map, self.config, self.gguf_arch = name_map, config, gguf_arch
+        self.expert_leaves = expert_leaves(name_map, packed_modules)  # mlp.experts.gate_proj -> ffn_gate_exps
         self.layer_leaves = {hf: leaf for leaf, hf in name_map.leaves.items()}
         self.globals = {hf: leaf for leaf, hf in GLOBAL_LEAVES.items()}
         self.dims = _Dims.of(config)
@@ -195,6 +220,8 @@ class HybridGGUFNamer:
         if path == "linear_attn.in_proj_qkvz":  # Qwen3-Next: per-key-head interleaved -> contiguous qkv + z
             qkv, z = self._split_qkvz(tensor)
             return [(f"blk.{layer}.attn_qkv.weight", qkv), (f"blk.{layer}.attn_gate.weight", z)]
+        if kind is None and path in self.expert_leaves:  # stacked experts: no .weight in the driver's name
+            return [(f"blk.{layer}.{self.expert_leaves[path]}.weight", tensor)]
         if kind is None and path in SPECIAL_INVERSE:  # A_log, dt_bias: no .weight in the HF name
             leaf, gguf_kind = SPECIAL_INVERSE[path]
             name = f"blk.{layer}.{leaf}" + (f".{gguf_kind}" if gguf_kind else "")
@@ -238,7 +265,7 @@ class HybridGGUFNamer:
                     GGUFValueType.UINT32),
                    (f"{arch}.full_attention_interval", int(config.raw.get("full_attention_interval", 4)),
                     GGUFValueType.UINT32)]
-        if arch == "qwen35":
+        if arch in ("qwen35", "qwen35moe"):  # llama.cpp requires them for both
             sections = (config.raw.get("rope_parameters") or {}).get("mrope_section") or QWEN35_MROPE_SECTIONS
             entries.append((f"{arch}.rope.dimension_sections", list(sections) + [0] * (4 - len(sections)),
                             GGUFValueType.ARRAY))
@@ -268,4 +295,5 @@ def hybrid_derived(config: dict) -> dict:
 
 
 NAME_MAPS = (HybridGGUFNames("qwen3_5", leaves=QWEN35_LEAVES, tiled_values=True),
-             HybridGGUFNames("qwen3_next", leaves=QWEN3NEXT_LEAVES, tiled_values=False))
+             HybridGGUFNames("qwen3_next", leaves=QWEN3NEXT_LEAVES, tiled_values=False, experts=EXPERT_LEAVES),
+             HybridGGUFNames("qwen3_5_moe", leaves=QWEN35MOE_LEAVES, tiled_values=True, experts=EXPERT_LEAVES))

@@ -84,7 +84,7 @@ class GGUFNameMap:
         if is_norm or kind == "bias" or leaf in ROUTER_LEAVES:  # the model holds these as plain tensors
             steps.append(to_dense)
         if leaf in ROUTER_LEAVES:
-            steps.append(_as_matrix)
+            steps.append(as_matrix)
         if is_norm and self.norm_offset:
             steps.append(partial(_subtract, offset=self.norm_offset))
         if self.rope_interleaved and leaf in ("attn_q", "attn_k"):
@@ -97,7 +97,7 @@ def to_dense(tensor: Any) -> torch.Tensor:
     return tensor.to_dense() if isinstance(tensor, GGUFTensor) else tensor
 
 
-def _as_matrix(tensor: torch.Tensor) -> torch.Tensor:
+def as_matrix(tensor: torch.Tensor) -> torch.Tensor:
     """A one-output gate may be stored 1-D (``{n_embd}``); the model holds it as [1, hidden]."""
     return tensor.reshape(1, -1) if tensor.dim() == 1 else tensor
 

@@ -100,6 +100,6 @@ def permute_rotary_rows(tensor: torch.Tensor, *, num_heads: int) -> torch.Tensor
 
 
 def namer_for(name_map, config: ModelConfig, gguf_arch: str, packed_modules=None):
-    """The map's own namer if it has one (``name_map.namer(config, gguf_arch)``), else GGUFNamer."""
+    """The map's own namer if it has one (``name_map.namer(config, gguf_arch, packed_modules)``), else GGUFNamer."""
     make = getattr(name_map, "namer", None)
-    return make(config, gguf_arch) if make is not None else GGUFNamer(name_map, config, packed_modules)
+    return make(config, gguf_arch, packed_modules) if make is not None else GGUFNamer(name_map, config, packed_modules)

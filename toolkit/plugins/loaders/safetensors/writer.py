@@ -10,13 +10,26 @@ import torch
 from safetensors.torch import save_file
 
 from toolkit.core.config import DTYPES
-from toolkit.core.errors import ConversionError
+from toolkit.core.errors import ConversionError, UnknownNameError
 from toolkit.core.experts import ExpertStacker, stacked_parts
+from toolkit.core.registry import default_registry
 
 SHARD_BYTES = 2 * 2**30
 EXPERT_COUNT_KEYS = ("num_local_experts", "num_experts")  # the config's expert count, for stacking
 # Keys that describe how a *source* file was quantized; the written checkpoint is dense.
 DROPPED_CONFIG_KEYS = ("quantization_config",)
+
+
+def architecture_namer(hf_config: dict):
+    """The architecture's own renaming for written checkpoints (its safetensors name map's
+    ``hf_namer(config)``, for layouts a source format stores differently), else None."""
+    registry = default_registry()
+    try:
+        arch = registry.architecture(*(hf_config.get("architectures") or []), hf_config.get("model_type"))
+        make = getattr(registry.name_map("safetensors", arch.name), "hf_namer", None)
+    except UnknownNameError:  # an architecture toolkit does not build: its tensors pass through
+        return None
+    return make(arch.config_from(hf_config)) if make is not None else None
 
 
 class HFWriter:
@@ -41,6 +54,7 @@ class HFWriter:
         self.tokenizer = tokenizer
         experts = next((hf_config[k] for k in EXPERT_COUNT_KEYS if hf_config.get(k)), 0)
         self.experts, self.halves = ExpertStacker(int(experts)), {}
+        self.namer = architecture_namer(hf_config)
 
     def add_tensor(self, hf_name: str, tensor: torch.Tensor) -> None:
         """Experts are written in transformers' stacked layout (``mlp.experts.gate_up_proj``
@@ -49,7 +63,8 @@ class HFWriter:
         for name, value in self.experts.add(hf_name, tensor):
             parts = stacked_parts(name)
             if parts is None:
-                self._add(name, value)
+                for final_name, final_value in (self.namer.to_files(name, value) if self.namer else [(name, value)]):
+                    self._add(final_name, final_value)
             elif parts[1] in ("gate_proj", "up_proj"):
                 self._pair(parts[0], parts[1], value)
             else:
@@ -77,6 +92,8 @@ class HFWriter:
 
     def finish(self) -> dict[str, Any]:
         self.experts.check_done()
+        if self.namer is not None:
+            self.namer.check_done()
         if self.halves:
             raise ConversionError(f"stacked experts missing their gate or up half: {sorted(self.halves)}")
         if self.pending or not self.shards:
