@@ -34,10 +34,11 @@ SWEEP = {"decode": [(1, 16, 256, 4, 1), (1, 8, 1024, 8, 1), (1, 16, 512, 4, 1), 
          "batch": [(32, 128, 64, 8, 1), (64, 128, 64, 8, 1), (32, 32, 128, 4, None)],
          "prefill": [(128, 128, 64, 8, 1)]}
 
-# dp4a GEMV (BN, BK, warps, stages)
-DP4A_COMPARE = [(2, 1024, 1, 2)]
-DP4A_SWEEP = [(1, 4096, 1, 2), (1, 1024, 1, 2), (2, 2048, 1, 2), (1, 2048, 1, 3), (1, 2048, 1, 4), (2, 1024, 1, 3),
-              (4, 1024, 1, 2), (1, 512, 1, 2), (2, 1024, 1, 2)]
+# dp4a GEMV (BM, BN, BK, warps, stages): decode (T=1) and small batches
+DP4A_COMPARE = {"decode": [(1, 2, 1024, 1, 2)], "small": [(8, 1, 512, 2, 2)]}
+DP4A_SWEEP = {"decode": [(1, 1, 2048, 1, 2), (1, 1, 4096, 1, 2), (1, 1, 1024, 1, 2), (1, 2, 2048, 1, 2)],
+              "small": [(8, 1, 1024, 2, 2), (8, 1, 512, 1, 2), (8, 2, 512, 4, 2), (4, 1, 1024, 1, 2), (8, 1, 256, 1, 2),
+                        (8, 1, 2048, 4, 2), (16, 1, 512, 4, 2)]}
 
 def random_packed(name: str, rows: int, cols: int) -> torch.Tensor:
     from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
@@ -72,13 +73,14 @@ def variants(name: str, rows: int, cols: int, tokens: int, sweep: bool, copies: 
         config = triton_ops.MatmulConfig(bm=bm, bn=bn, bk=bk, num_warps=warps)
         out[f"fused{bm}x{bn}x{bk}w{warps}s{split or 'auto'}"] = each(
             lambda data, dense, c=config, s=split: triton_ops.fused_matmul(x, data, qtype, cols, c, split=s))
-    if regime == "decode" and name in triton_ops.DP4A_STEP:  # the int8-activation dp4a GEMV's launch shapes
-        for bn, bk, warps, stages in DP4A_COMPARE + (DP4A_SWEEP if sweep else []):
-            config = triton_ops.GemvConfig(bn=bn, bk=bk, num_warps=warps, num_stages=stages)
-            out[f"dp4a{bn}x{bk}w{warps}s{stages}"] = each(
+    if regime in DP4A_COMPARE and name in triton_ops.DP4A_STEP:  # the int8-activation dp4a kernel's launch shapes
+        for bm, bn, bk, warps, stages in DP4A_COMPARE[regime] + (DP4A_SWEEP[regime] if sweep else []):
+            config = triton_ops.GemvConfig(bm=bm, bn=bn, bk=bk, num_warps=warps, num_stages=stages)
+            out[f"dp4a{bm}x{bn}x{bk}w{warps}s{stages}"] = each(
                 lambda data, dense, c=config: triton_ops.dp4a_matmul(x, data, qtype, cols, c))
-        out["float_gemv"] = each(lambda data, dense: triton_ops.fused_matmul(
-            x, data, qtype, cols, triton_ops.DECODE_CONFIG_BY_TYPE.get(name, triton_ops.DECODE_CONFIG)))
+        float_config = (triton_ops.DECODE_CONFIG_BY_TYPE.get(name, triton_ops.DECODE_CONFIG) if tokens == 1
+                        else triton_ops.SMALL_BATCH_CONFIG)
+        out["float_kernel"] = each(lambda data, dense: triton_ops.fused_matmul(x, data, qtype, cols, float_config))
     if regime != "decode":
         out["triton_dequant+mm"] = each(lambda data, dense: x @ triton_ops.gguf_dequantize(data, qtype, cols,
                                                                                            x.dtype).T)

@@ -264,7 +264,7 @@ def test_triton_matmul_within_rounding_bound(name, dtype):
         assert got.dtype == dtype and got.shape == (tokens, rows)
         exact = x.double() @ weight.double().T
         bound = x.double().abs() @ weight.double().abs().T
-        if tokens == 1 and name in triton_ops.DP4A_STEP:  # decode: 8-bit activations (triton_dp4a)
+        if tokens <= triton_ops.DP4A_MAX_TOKENS and name in triton_ops.DP4A_STEP:  # 8-bit activations (triton_dp4a)
             bound = 3 * unit * bound + activation_rounding_bound(x, weight)
         else:
             bound = 3 * unit * bound
@@ -281,11 +281,10 @@ def test_triton_matmul_within_rounding_bound(name, dtype):
 def activation_rounding_bound(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """What rounding x to int8 blocks of 32 (scale d = max|x_block| / 127, |x - d q| <= d / 2) can
     move ``x @ W.T`` by, per output: sum over blocks of d / 2 * sum |w| (1% slack for the float32
-    scale and reciprocal). ``x [1, K]``, ``weight [N, K]`` -> ``[1, N]``."""
-    blocks = x.double().reshape(-1, 32)
-    half_step = blocks.abs().amax(1) / 127 / 2
-    per_block = weight.double().abs().reshape(weight.shape[0], -1, 32).sum(2)
-    return 1.01 * (per_block * half_step).sum(1)[None, :]
+    scale and reciprocal). ``x [T, K]``, ``weight [N, K]`` -> ``[T, N]``."""
+    half_step = x.double().reshape(x.shape[0], -1, 32).abs().amax(2) / 127 / 2           # [T, K / 32]
+    per_block = weight.double().abs().reshape(weight.shape[0], -1, 32).sum(2)             # [N, K / 32]
+    return 1.01 * half_step @ per_block.T
 
 
 @pytest.mark.gpu
@@ -293,20 +292,23 @@ def activation_rounding_bound(x: torch.Tensor, weight: torch.Tensor) -> torch.Te
 @pytest.mark.parametrize("name", ["Q4_0", "Q5_0", "Q8_0", "Q4_K", "Q5_K", "Q6_K"])
 def test_dp4a_gemv_within_activation_rounding(name):
     """The int8-activation GEMV against float64 on the dequantized weight: within the activation
-    rounding bound, for row counts off the program size, every split and several configs."""
+    rounding bound, for row and token counts off the program size, every split and several configs."""
     from toolkit.kernels.gguf import triton_ops
+    configs = (triton_ops.DP4A_CONFIG, triton_ops.DP4A_SMALL_BATCH_CONFIG, triton_ops.GemvConfig(bn=2, bk=256, split=2),
+               triton_ops.GemvConfig(bm=4, bn=4, bk=1024, num_warps=4, split=1),
+               triton_ops.GemvConfig(bm=2, bn=1, bk=256, num_warps=1, split=2))
     for rows, cols in ((37, 512), (130, 2048), (3, 256)):
         packed, qtype = cuda_case(name, rows, cols, 11)
         weight = gguf_dequantize(packed, qtype, cols, torch.float32)
-        x = torch.randn(1, cols, device="cuda").to(torch.bfloat16)
-        exact = x.double() @ weight.double().T
-        bound = 3 * 2 ** -8 * (x.double().abs() @ weight.double().abs().T) + activation_rounding_bound(x, weight)
-        for config in (triton_ops.DP4A_CONFIG, triton_ops.GemvConfig(bn=2, bk=256, split=2),
-                       triton_ops.GemvConfig(bn=16, bk=1024, num_warps=8, split=1)):
-            got = triton_ops.dp4a_matmul(x, packed, qtype, cols, config)
-            assert got.shape == (1, rows) and got.dtype == torch.bfloat16
-            assert ((got.double() - exact).abs() <= bound).all(), (name, rows, cols, config)
-    zero = torch.zeros(1, 256, device="cuda", dtype=torch.bfloat16)   # an all-zero block: scale 0, no NaN
+        for tokens in (1, 3, 8):
+            x = torch.randn(tokens, cols, device="cuda").to(torch.bfloat16)
+            exact = x.double() @ weight.double().T
+            bound = 3 * 2 ** -8 * (x.double().abs() @ weight.double().abs().T) + activation_rounding_bound(x, weight)
+            for config in configs:
+                got = triton_ops.dp4a_matmul(x, packed, qtype, cols, config)
+                assert got.shape == (tokens, rows) and got.dtype == torch.bfloat16
+                assert ((got.double() - exact).abs() <= bound).all(), (name, rows, cols, tokens, config)
+    zero = torch.zeros(2, 256, device="cuda", dtype=torch.bfloat16)   # all-zero blocks: scale 0, no NaN
     packed, qtype = cuda_case(name, 8, 256, 12)
-    assert torch.equal(triton_ops.dp4a_matmul(zero, packed, qtype, 256), torch.zeros(1, 8, device="cuda",
+    assert torch.equal(triton_ops.dp4a_matmul(zero, packed, qtype, 256), torch.zeros(2, 8, device="cuda",
                                                                                    dtype=torch.bfloat16))

@@ -28,6 +28,8 @@ from .triton_words import _k_scale_min, half_bits
 
 Q4_0, Q5_0, Q8_0 = (tl.constexpr(v) for v in (2, 6, 8))
 Q4_K, Q5_K, Q6_K = (tl.constexpr(v) for v in (12, 13, 14))
+# Rank of each step function's tensors (token, row, then the type's block axes).
+STEP_AXES = {2: 4, 6: 4, 8: 4, 12: 5, 13: 5, 14: 6}
 LOW4: tl.constexpr = tl.constexpr(0x0F0F0F0F)
 LOW2: tl.constexpr = tl.constexpr(0x03030303)
 ONES: tl.constexpr = tl.constexpr(0x01010101)
@@ -107,24 +109,25 @@ def quantize_activations_kernel(x_ptr, q_ptr, d_ptr, K, stride_x, BK: tl.constex
 
 
 @triton.jit
-def _legacy_step(w_ptr, row_off, k0, xq_ptr, xd_ptr, QTYPE: tl.constexpr, TS: tl.constexpr,
+def _legacy_step(w_ptr, row_off, k0, xq_rows, xd_rows, QTYPE: tl.constexpr, TS: tl.constexpr,
                  BK: tl.constexpr, DP4A: tl.constexpr):
-    """Q4_0 / Q5_0 / Q8_0 (32-element blocks): float32 ``[BN]`` partial dot products of ``BK`` columns."""
+    """Q4_0 / Q5_0 / Q8_0 (32-element blocks): float32 ``[BM, BN]`` partial dot products of ``BK``
+    columns. ``row_off [BN]``: byte offsets of the weight rows; ``xq_rows`` / ``xd_rows``:
+    ``[BM, 1, 1, 1]`` pointers to each token's activation words / scales."""
     G: tl.constexpr = BK // 32
-    g = tl.arange(0, G)[None, :, None]
-    block = w_ptr + row_off[:, None, None] + (k0 // 32 + g) * TS                         # [BN, G, 1]
-    d = half_bits(_u16(block, 0))                                                       # [BN, G, 1]
-    x_word = k0 // 4 + 8 * g                                                            # [1, G, 1]
-    xd = tl.load(xd_ptr + k0 // 32 + g)                                                 # [1, G, 1]
+    g = tl.arange(0, G)[None, None, :, None]
+    block = w_ptr + row_off[None, :, None, None] + (k0 // 32 + g) * TS                  # [1, BN, G, 1]
+    d = half_bits(_u16(block, 0))
+    x_word = xq_rows + k0 // 4 + 8 * g                                                  # [BM, 1, G, 1]
+    xd = tl.load(xd_rows + k0 // 32 + g)
     if QTYPE == Q8_0:
-        i = tl.arange(0, 8)[None, None, :]
-        isum = _dot(_u32_from_u16(block + 2, i), tl.load(xq_ptr + x_word + i), DP4A)
-        isum = tl.sum(isum, axis=2, keep_dims=True)
+        i = tl.arange(0, 8)[None, None, None, :]
+        isum = tl.sum(_dot(_u32_from_u16(block + 2, i), tl.load(x_word + i), DP4A), axis=3, keep_dims=True)
     else:
-        i = tl.arange(0, 4)[None, None, :]
-        x_lo, x_hi = tl.load(xq_ptr + x_word + i), tl.load(xq_ptr + x_word + 4 + i)    # columns 4i.., 16+4i..
+        i = tl.arange(0, 4)[None, None, None, :]
+        x_lo, x_hi = tl.load(x_word + i), tl.load(x_word + 4 + i)                     # columns 4i.., 16+4i..
         if QTYPE == Q4_0:
-            w = _u32_from_u16(block + 2, i)                                             # [BN, G, 4]
+            w = _u32_from_u16(block + 2, i)                                             # [1, BN, G, 4]
             lo, hi = w & LOW4, (w >> 4) & LOW4
             offset = 8
         else:
@@ -133,45 +136,46 @@ def _legacy_step(w_ptr, row_off, k0, xq_ptr, xd_ptr, QTYPE: tl.constexpr, TS: tl
             lo = (w & LOW4) | _spread_bits((qh >> (4 * i)) & 15)
             hi = ((w >> 4) & LOW4) | _spread_bits((qh >> (16 + 4 * i)) & 15)
             offset = 16
-        xsum = tl.sum(_byte_sum(x_lo, DP4A) + _byte_sum(x_hi, DP4A), axis=2, keep_dims=True)
-        isum = tl.sum(_dot(lo, x_lo, DP4A) + _dot(hi, x_hi, DP4A), axis=2, keep_dims=True) - offset * xsum
-    return tl.sum(tl.sum(d * xd * isum.to(tl.float32), axis=2), axis=1)
+        xsum = tl.sum(_byte_sum(x_lo, DP4A) + _byte_sum(x_hi, DP4A), axis=3, keep_dims=True)
+        isum = tl.sum(_dot(lo, x_lo, DP4A) + _dot(hi, x_hi, DP4A), axis=3, keep_dims=True) - offset * xsum
+    return tl.sum(tl.sum(d * xd * isum.to(tl.float32), axis=3), axis=2)
 
 
 @triton.jit
-def _q45k_step(w_ptr, row_off, k0, xq_ptr, xd_ptr, QTYPE: tl.constexpr, TS: tl.constexpr,
+def _q45k_step(w_ptr, row_off, k0, xq_rows, xd_rows, QTYPE: tl.constexpr, TS: tl.constexpr,
                BK: tl.constexpr, DP4A: tl.constexpr):
     """Q4_K / Q5_K (256-element super-blocks of 4 groups of 64): byte b of qs word 8j + i holds
-    column 64j + 4i + b in its low nibble (sub-block 2j) and 64j + 32 + 4i + b in its high one."""
+    column 64j + 4i + b in its low nibble (sub-block 2j) and 64j + 32 + 4i + b in its high one.
+    Axes: [token, row, super-block, group, word]."""
     G: tl.constexpr = BK // 256
-    s = tl.arange(0, G)[None, :, None, None]
-    j = tl.arange(0, 4)[None, None, :, None]
-    i = tl.arange(0, 8)[None, None, None, :]
-    sb = w_ptr + row_off[:, None, None, None] + (k0 // 256 + s) * TS                   # [BN, G, 1, 1]
+    s = tl.arange(0, G)[None, None, :, None, None]
+    j = tl.arange(0, 4)[None, None, None, :, None]
+    i = tl.arange(0, 8)[None, None, None, None, :]
+    sb = w_ptr + row_off[None, :, None, None, None] + (k0 // 256 + s) * TS              # [1, BN, G, 1, 1]
     header = _u32(sb, 0)
     d, dmin = half_bits(header), half_bits(header >> 16)
     words0, words1, words2 = _u32(sb + 4, 0), _u32(sb + 4, 1), _u32(sb + 4, 2)
-    scale_lo, min_lo = _k_scale_min(words0, words1, words2, 2 * j)                     # [BN, G, 4, 1]
+    scale_lo, min_lo = _k_scale_min(words0, words1, words2, 2 * j)                     # [1, BN, G, 4, 1]
     scale_hi, min_hi = _k_scale_min(words0, words1, words2, 2 * j + 1)
     if QTYPE == Q4_K:
-        w = _u32(sb + 16, 8 * j + i)                                                    # [BN, G, 4, 8]
+        w = _u32(sb + 16, 8 * j + i)                                                    # [1, BN, G, 4, 8]
         lo, hi = w & LOW4, (w >> 4) & LOW4
     else:
         w = _u32(sb + 48, 8 * j + i)
         qh = _u32(sb + 16, i)                          # bit 2j (2j + 1) of byte b: fifth bit of lo (hi)
         lo = (w & LOW4) | (((qh >> (2 * j)) & ONES) << 4)
         hi = ((w >> 4) & LOW4) | (((qh >> (2 * j + 1)) & ONES) << 4)
-    x_word = k0 // 4 + 64 * s + 16 * j + i                                              # [1, G, 4, 8]
-    x_lo, x_hi = tl.load(xq_ptr + x_word), tl.load(xq_ptr + x_word + 8)
-    block = k0 // 32 + 8 * s + 2 * j                                                    # [1, G, 4, 1]
-    xd_lo, xd_hi = tl.load(xd_ptr + block), tl.load(xd_ptr + block + 1)
-    xs_lo = tl.sum(_byte_sum(x_lo, DP4A), axis=3, keep_dims=True).to(tl.float32)
-    xs_hi = tl.sum(_byte_sum(x_hi, DP4A), axis=3, keep_dims=True).to(tl.float32)
-    is_lo = tl.sum(_dot(lo, x_lo, DP4A), axis=3, keep_dims=True).to(tl.float32)
-    is_hi = tl.sum(_dot(hi, x_hi, DP4A), axis=3, keep_dims=True).to(tl.float32)
+    x_word = xq_rows + k0 // 4 + 64 * s + 16 * j + i                                    # [BM, 1, G, 4, 8]
+    x_lo, x_hi = tl.load(x_word), tl.load(x_word + 8)
+    block = xd_rows + k0 // 32 + 8 * s + 2 * j                                          # [BM, 1, G, 4, 1]
+    xd_lo, xd_hi = tl.load(block), tl.load(block + 1)
+    xs_lo = tl.sum(_byte_sum(x_lo, DP4A), axis=4, keep_dims=True).to(tl.float32)
+    xs_hi = tl.sum(_byte_sum(x_hi, DP4A), axis=4, keep_dims=True).to(tl.float32)
+    is_lo = tl.sum(_dot(lo, x_lo, DP4A), axis=4, keep_dims=True).to(tl.float32)
+    is_hi = tl.sum(_dot(hi, x_hi, DP4A), axis=4, keep_dims=True).to(tl.float32)
     part = (xd_lo * (d * scale_lo * is_lo - dmin * min_lo * xs_lo)
-            + xd_hi * (d * scale_hi * is_hi - dmin * min_hi * xs_hi))                  # [BN, G, 4, 1]
-    return tl.sum(tl.sum(tl.sum(part, axis=3), axis=2), axis=1)
+            + xd_hi * (d * scale_hi * is_hi - dmin * min_hi * xs_hi))                  # [BM, BN, G, 4, 1]
+    return tl.sum(tl.sum(tl.sum(part, axis=4), axis=3), axis=2)
 
 
 @triton.jit
@@ -180,60 +184,80 @@ def _q6k_word(low, high, low_shift: tl.constexpr, high_shift: tl.constexpr):
 
 
 @triton.jit
-def _q6k_part(v, x_word, xq_ptr, xd_ptr, x_block, sc, d, DP4A: tl.constexpr):
-    """One of the 4 column runs of a Q6_K half: words ``[BN, G, 2, 2, 4]`` (half, 16-column
-    sub-block, word), values 0..63 standing for -32..31."""
-    x = tl.load(xq_ptr + x_word)
-    xs = tl.sum(_byte_sum(x, DP4A), axis=4, keep_dims=True)
-    isum = tl.sum(_dot(v, x, DP4A), axis=4, keep_dims=True) - 32 * xs                   # [BN, G, 2, 2, 1]
-    return tl.load(xd_ptr + x_block) * d * sc * isum.to(tl.float32)
+def _q6k_part(v, x_word, xd_ptrs, sc, d, DP4A: tl.constexpr):
+    """One of the 4 column runs of a Q6_K half: weight words ``[1, BN, G, 2, 2, 4]`` (half, 16-column
+    sub-block, word), values 0..63 standing for -32..31; ``x_word`` ``[BM, 1, G, 2, 2, 4]``."""
+    x = tl.load(x_word)
+    xs = tl.sum(_byte_sum(x, DP4A), axis=5, keep_dims=True)
+    isum = tl.sum(_dot(v, x, DP4A), axis=5, keep_dims=True) - 32 * xs                   # [BM, BN, G, 2, 2, 1]
+    return tl.load(xd_ptrs) * d * sc * isum.to(tl.float32)
 
 
 @triton.jit
-def _q6k_step(w_ptr, row_off, k0, xq_ptr, xd_ptr, TS: tl.constexpr, BK: tl.constexpr, DP4A: tl.constexpr):
+def _q6k_step(w_ptr, row_off, k0, xq_rows, xd_rows, TS: tl.constexpr, BK: tl.constexpr, DP4A: tl.constexpr):
     """Q6_K (210-byte super-blocks, 2-aligned): in half n (128 columns), byte b of ql word i holds
     column 4i + b (low nibble) and 64 + 4i + b (high), of ql word 8 + i columns 32 + 4i + b and
-    96 + 4i + b; qh word i holds their top 2 bits at shifts 0, 4, 2, 6. Scales per 16 columns."""
+    96 + 4i + b; qh word i holds their top 2 bits at shifts 0, 4, 2, 6. Scales per 16 columns.
+    Axes: [token, row, super-block, half, 16-column sub-block, word]."""
     G: tl.constexpr = BK // 256
-    s = tl.arange(0, G)[None, :, None, None, None]
-    n = tl.arange(0, 2)[None, None, :, None, None]
-    sub = tl.arange(0, 2)[None, None, None, :, None]                # 16-column sub-block of a 32-run
-    i = 4 * sub + tl.arange(0, 4)[None, None, None, None, :]        # word of the run: [1, 1, 1, 2, 4]
-    sb = w_ptr + row_off[:, None, None, None, None] + (k0 // 256 + s) * TS                # [BN, G, 1, 1, 1]
+    s = tl.arange(0, G)[None, None, :, None, None, None]
+    n = tl.arange(0, 2)[None, None, None, :, None, None]
+    sub = tl.arange(0, 2)[None, None, None, None, :, None]
+    i = 4 * sub + tl.arange(0, 4)[None, None, None, None, None, :]        # word of a 32-column run
+    sb = w_ptr + row_off[None, :, None, None, None, None] + (k0 // 256 + s) * TS         # [1, BN, G, 1, 1, 1]
     ql_a = _u32_from_u16(sb + 64 * n, i)
     ql_b = _u32_from_u16(sb + 64 * n, 8 + i)
     qh = _u32_from_u16(sb + 128 + 32 * n, i)
     d = half_bits(_u16(sb + 208, 0))
     scales = sb + 192 + 8 * n + sub                                  # int8 scale of run r: scales[2r]
-    x_word = k0 // 4 + 64 * s + 32 * n + i                           # [1, G, 2, 2, 4]
-    x_block = k0 // 32 + 8 * s + 4 * n                               # [1, G, 2, 1, 1]
-    total = _q6k_part(_q6k_word(ql_a, qh, 0, 0), x_word, xq_ptr, xd_ptr, x_block,
+    x_word = xq_rows + k0 // 4 + 64 * s + 32 * n + i                 # [BM, 1, G, 2, 2, 4]
+    x_block = xd_rows + k0 // 32 + 8 * s + 4 * n                     # [BM, 1, G, 2, 1, 1]
+    total = _q6k_part(_q6k_word(ql_a, qh, 0, 0), x_word, x_block,
                       tl.load(scales).to(tl.int8, bitcast=True).to(tl.float32), d, DP4A)
-    total += _q6k_part(_q6k_word(ql_b, qh, 0, 2), x_word + 8, xq_ptr, xd_ptr, x_block + 1,
+    total += _q6k_part(_q6k_word(ql_b, qh, 0, 2), x_word + 8, x_block + 1,
                        tl.load(scales + 2).to(tl.int8, bitcast=True).to(tl.float32), d, DP4A)
-    total += _q6k_part(_q6k_word(ql_a, qh, 4, 4), x_word + 16, xq_ptr, xd_ptr, x_block + 2,
+    total += _q6k_part(_q6k_word(ql_a, qh, 4, 4), x_word + 16, x_block + 2,
                        tl.load(scales + 4).to(tl.int8, bitcast=True).to(tl.float32), d, DP4A)
-    total += _q6k_part(_q6k_word(ql_b, qh, 4, 6), x_word + 24, xq_ptr, xd_ptr, x_block + 3,
+    total += _q6k_part(_q6k_word(ql_b, qh, 4, 6), x_word + 24, x_block + 3,
                        tl.load(scales + 6).to(tl.int8, bitcast=True).to(tl.float32), d, DP4A)
-    return tl.sum(tl.sum(tl.sum(tl.sum(total, axis=4), axis=3), axis=2), axis=1)
+    return tl.sum(tl.sum(tl.sum(tl.sum(total, axis=5), axis=4), axis=3), axis=2)
 
 
 @triton.jit
-def gemv_kernel(xq_ptr, xd_ptr, w_ptr, out_ptr, N, K_SPLIT, row_bytes,
-                QTYPE: tl.constexpr, TS: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, DP4A: tl.constexpr):
-    """``out[pid_k, n] = sum over columns pid_k * K_SPLIT .. of W[n] * x`` for one token; BN rows
-    per program. ``xq``/``xd``: the quantized activation row (``quantize_activations_kernel``)."""
-    pid_n, pid_k = tl.program_id(0), tl.program_id(1)
+def _axes(v, AXES: tl.constexpr):
+    """``v [BM]`` with ``AXES - 1`` trailing unit axes (the step functions' token-axis shape)."""
+    if AXES == 4:
+        return v[:, None, None, None]
+    elif AXES == 5:
+        return v[:, None, None, None, None]
+    else:
+        return v[:, None, None, None, None, None]
+
+
+@triton.jit
+def gemv_kernel(xq_ptr, xd_ptr, w_ptr, out_ptr, T, N, K, K_SPLIT, row_bytes,
+                QTYPE: tl.constexpr, TS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+                AXES: tl.constexpr, DP4A: tl.constexpr):
+    """``out[pid_k, t, n] = sum over columns pid_k * K_SPLIT .. of W[n] * x[t]`` for ``BM`` tokens x
+    ``BN`` rows per program: each weight word is unpacked once and used for every token.
+    ``xq``/``xd``: the quantized activations (``quantize_activations_kernel``), ``[T, K / 4]`` / ``[T, K / 32]``.
+    ``AXES``: the rank of the type's step tensors (``STEP_AXES``)."""
+    pid_n, pid_m, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     offs_n = pid_n * BN + tl.arange(0, BN)
+    offs_m = pid_m * BM + tl.arange(0, BM)
     row_off = tl.minimum(offs_n, N - 1).to(tl.int64) * row_bytes
-    acc = tl.zeros((BN,), dtype=tl.float32)
+    token = tl.minimum(offs_m, T - 1).to(tl.int64)              # padding tokens repeat the last (not stored)
+    xq_rows = _axes(xq_ptr + token * (K // 4), AXES)
+    xd_rows = _axes(xd_ptr + token * (K // 32), AXES)
+    acc = tl.zeros((BM, BN), dtype=tl.float32)
     k_start = pid_k * K_SPLIT
     for k_step in range(0, K_SPLIT, BK):
         k0 = k_start + k_step
         if QTYPE == Q4_K or QTYPE == Q5_K:
-            acc += _q45k_step(w_ptr, row_off, k0, xq_ptr, xd_ptr, QTYPE, TS, BK, DP4A)
+            acc += _q45k_step(w_ptr, row_off, k0, xq_rows, xd_rows, QTYPE, TS, BK, DP4A)
         elif QTYPE == Q6_K:
-            acc += _q6k_step(w_ptr, row_off, k0, xq_ptr, xd_ptr, TS, BK, DP4A)
+            acc += _q6k_step(w_ptr, row_off, k0, xq_rows, xd_rows, TS, BK, DP4A)
         else:
-            acc += _legacy_step(w_ptr, row_off, k0, xq_ptr, xd_ptr, QTYPE, TS, BK, DP4A)
-    tl.store(out_ptr + pid_k * N + offs_n, acc.to(out_ptr.dtype.element_ty), mask=offs_n < N)
+            acc += _legacy_step(w_ptr, row_off, k0, xq_rows, xd_rows, QTYPE, TS, BK, DP4A)
+    out = out_ptr + (pid_k * T + offs_m)[:, None].to(tl.int64) * N + offs_n[None, :]
+    tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=(offs_m < T)[:, None] & (offs_n < N)[None, :])

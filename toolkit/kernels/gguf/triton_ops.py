@@ -22,7 +22,7 @@ import triton
 
 from .bits import IQ4_NL_VALUES
 from .types import block_size, type_name, type_size
-from .triton_dp4a import gemv_kernel, quantize_activations_kernel
+from .triton_dp4a import STEP_AXES, gemv_kernel, quantize_activations_kernel
 from .triton_kernels import dequantize_kernel, matmul_kernel
 
 # Scale sub-block per type: the tile width must be a multiple of it.
@@ -62,12 +62,14 @@ SMALL_BATCH_CONFIG = MatmulConfig(bm=16, bn=64, bk=128)
 
 @dataclass(frozen=True)
 class GemvConfig:
-    """A dp4a GEMV launch: ``BN`` rows per program, ``BK`` columns per step, ``split`` K (None: automatic)."""
+    """A dp4a GEMV launch: ``BM`` tokens x ``BN`` rows per program, ``BK`` columns per step, ``split``
+    K (None: automatic)."""
     bn: int
     bk: int
     num_warps: int = 4
     split: int | None = None
     num_stages: int = 2
+    bm: int = 1
 
 
 # The dp4a GEMV's types, and the columns its step must cover (one block / super-block at least).
@@ -79,6 +81,11 @@ DP4A_STEP = {"Q4_0": 32, "Q5_0": 32, "Q8_0": 32, "Q4_K": 256, "Q5_K": 256, "Q6_K
 # and 1024 columns (36.4 against 39.8 us at 14336x4096).
 DP4A_CONFIG = GemvConfig(bn=1, bk=2048, num_warps=1)
 DP4A_CONFIG_BY_TYPE = {"Q6_K": GemvConfig(bn=2, bk=1024, num_warps=1)}
+DP4A_SMALL_BATCH_CONFIG = GemvConfig(bm=8, bn=2, bk=512, num_warps=4)
+# Tokens up to which gguf_matmul takes the dp4a kernel. At T=8 (sweep of 8 launch shapes, H100,
+# 4096x14336 and 14336x4096) its best shape, 95-195 us, lost to the float tl.dot kernel (71-112 us)
+# for every type but Q8_0 at 4096x14336: the multi-token dp4a path stays a measured option, not the default.
+DP4A_MAX_TOKENS = 1
 
 
 # The Triton interpreter (TRITON_INTERPRET=1, CPU) cannot run PTX: the kernels then compute the
@@ -188,21 +195,31 @@ def quantize_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 def dp4a_matmul(x: torch.Tensor, data: torch.Tensor, qtype: int, cols: int,
                 config: GemvConfig | None = None) -> torch.Tensor:
-    """``x [1, cols] @ W.T`` with 8-bit activations and dp4a (``triton_dp4a``); ``[1, rows]`` in x's dtype."""
+    """``x [T, cols] @ W.T`` with 8-bit activations and dp4a (``triton_dp4a``), ``BM`` tokens per
+    program sharing each unpacked weight word; ``[T, rows]`` in x's dtype."""
     name = type_name(qtype)
-    config = config or DP4A_CONFIG_BY_TYPE.get(name, DP4A_CONFIG)
+    tokens = x.shape[0]
+    config = config or _dp4a_config(name, tokens)
     rows, step = data.shape[0], DP4A_STEP[name]
     words, scales = quantize_activations(x)
-    programs = triton.cdiv(rows, config.bn)
-    split = config.split or _split_k(programs, cols // _tile_width(cols, max(config.bk, step)), x.device)
+    grid_nm = (triton.cdiv(rows, config.bn), triton.cdiv(tokens, config.bm))
+    split = config.split or _split_k(grid_nm[0] * grid_nm[1], cols // _tile_width(cols, max(config.bk, step)),
+                                     x.device)
     while split > 1 and (cols % split or (cols // split) % step):  # each split: whole blocks
         split -= 1
     bk = _tile_width(cols // split, max(config.bk, step))            # >= step: cols // split is a multiple of it
-    out = torch.empty(split, rows, dtype=x.dtype if split == 1 else torch.float32, device=x.device)
-    gemv_kernel[(programs, split)](words, scales, data, out, rows, cols // split, data.stride(0),
-                                   QTYPE=int(qtype), TS=type_size(qtype), BN=config.bn, BK=bk, DP4A=_HARDWARE_DP4A,
+    out = torch.empty(split, tokens, rows, dtype=x.dtype if split == 1 else torch.float32, device=x.device)
+    gemv_kernel[(*grid_nm, split)](words, scales, data, out, tokens, rows, cols, cols // split, data.stride(0),
+                                   QTYPE=int(qtype), TS=type_size(qtype), BM=config.bm, BN=config.bn, BK=bk,
+                                   AXES=STEP_AXES[int(qtype)], DP4A=_HARDWARE_DP4A,
                                    num_warps=config.num_warps, num_stages=config.num_stages)
-    return (out if split == 1 else out.sum(0, keepdim=True)).to(x.dtype)
+    return (out[0] if split == 1 else out.sum(0)).to(x.dtype)
+
+
+def _dp4a_config(name: str, tokens: int) -> GemvConfig:
+    if tokens == 1:
+        return DP4A_CONFIG_BY_TYPE.get(name, DP4A_CONFIG)
+    return DP4A_SMALL_BATCH_CONFIG
 
 
 def _dp4a_ok(data: torch.Tensor, qtype: int, cols: int) -> bool:
@@ -215,7 +232,7 @@ def _dp4a_ok(data: torch.Tensor, qtype: int, cols: int) -> bool:
 def gguf_matmul(x: torch.Tensor, data: torch.Tensor, qtype: int, cols: int) -> torch.Tensor:
     flat = x.reshape(-1, cols).contiguous()
     tokens = flat.shape[0]
-    if tokens == 1 and _dp4a_ok(data, qtype, cols):
+    if tokens <= DP4A_MAX_TOKENS and _dp4a_ok(data, qtype, cols):
         out = dp4a_matmul(flat, data, qtype, cols)
     elif tokens == 1:
         out = fused_matmul(flat, data, qtype, cols, DECODE_CONFIG_BY_TYPE.get(type_name(qtype), DECODE_CONFIG))
