@@ -6,4 +6,4 @@ package such as ``kernels``. A new sub-package needs no edit here.
 """
 from setuptools import find_packages, setup
 
-setup(packages=find_packages(include=["toolkit", "toolkit.*"]), package_data={"toolkit.kernels": ["*.json"]})
+setup(packages=find_packages(include=["toolkit", "toolkit.*"]), package_data={"toolkit.kernels": ["*.json"], "toolkit.kernels.gguf_cpu": ["*.cpp", "*.h"]})

@@ -1,7 +1,7 @@
 """CPU GGUF speed against llama.cpp in one run: decode, prefill and (optionally) quantization.
 
     python bench/bench_cpu_vs_llamacpp.py --llama-bin DIR [--model FILE] [--threads 2] [--rounds 3]
-        [--quantize-from F32.gguf --types Q8_0,Q4_K_M,Q6_K]
+        [--quantize-from F32.gguf --types Q8_0,Q4_K_M,Q6_K] [--no-kernels]
 
 ``DIR`` holds a CPU build of llama.cpp (``llama-bench``, ``llama-quantize``). The model defaults to
 the embedded demo (Gemma 3 270M Q4_K_M). Each round runs llama.cpp, then toolkit, on the same
@@ -9,8 +9,13 @@ file and thread count, so contention on a shared machine hits both alike; the ta
 best and the median of the rounds and the ratio toolkit / llama.cpp (targets from issue 13:
 decode >= 0.5, prefill >= 1, quantization time <= 1x llama-quantize's).
 
-* prefill: llama-bench ``-p 128`` vs ``logits()`` on 128 tokens (tokens/s);
+* prefill: llama-bench ``-p 128`` vs ``generate()`` of one token after a 128-token prompt (tokens/s
+  of the prompt; like llama-bench, only the last position's logits are computed);
 * decode: llama-bench ``-n 32`` vs ``generate()`` of 32 tokens after a one-token prompt;
+* kernels: the CPU ``gguf_matmul`` for one token (a decode GEMV) on one tensor of each
+  quantization type in the file, in GB/s of packed weights read, next to the torch
+  dequantize-then-matmul path it replaces (``gguf_matmul_chunked``); thread CPU time would hide
+  waiting, so this is wall time, median of several calls;
 * quantization: ``llama-quantize SRC OUT TYPE THREADS`` vs ``toolkit convert SRC OUT --to gguf:TYPE``
   (seconds, wall clock, same threads).
 """
@@ -42,7 +47,7 @@ def toolkit_speed(loaded, vocab: int) -> dict[str, float]:
 
     ids = torch.randint(10, vocab - 10, (PROMPT,), generator=torch.Generator().manual_seed(0)).tolist()
     start = time.perf_counter()
-    loaded.logits(ids)
+    loaded.generate(ids, max_new_tokens=1, stop_token_ids=())
     prefill = PROMPT / (time.perf_counter() - start)
     start = time.perf_counter()
     produced = loaded.generate(ids[:1], max_new_tokens=GENERATE, stop_token_ids=())
@@ -64,6 +69,42 @@ def quantize_times(binary: Path, source: str, qtype: str, threads: int) -> tuple
     return ours, theirs
 
 
+def kernel_speeds(model: str, repeats: int = 7) -> list[tuple[str, str, float, float]]:
+    """(type, tensor, compiled GB/s, torch-path GB/s) for the first tensor of each quantized type."""
+    import numpy as np
+    import torch
+    from gguf import GGUFReader
+
+    from toolkit.kernels import runtime
+    from toolkit.kernels.gguf.cpu import gguf_matmul_chunked
+
+    def wall(fn, repeats: int = repeats) -> float:
+        fn()
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - start)
+        return statistics.median(times)
+
+    found = {}
+    for tensor in GGUFReader(model).tensors:
+        if tensor.tensor_type.name not in found and len(tensor.shape) == 2 and tensor.tensor_type.name not in (
+                "F32", "F16", "BF16"):
+            found[tensor.tensor_type.name] = tensor
+    rows_out = []
+    for name, tensor in sorted(found.items()):
+        data = torch.from_numpy(np.ascontiguousarray(tensor.data).view(np.uint8).reshape(int(tensor.shape[1]), -1))
+        cols, qtype = int(tensor.shape[0]), int(tensor.tensor_type)
+        x = torch.randn(1, cols)
+        fast = runtime.resolve("gguf_matmul", x, data, qtype, cols)
+        ours = wall(lambda: fast(x, data, qtype, cols))
+        torch_path = wall(lambda: gguf_matmul_chunked(x, data, qtype, cols), repeats=3)
+        rows_out.append((name, f"{tensor.name} {tuple(data.shape[:1])[0]}x{cols} ({fast.__name__})",
+                         data.numel() / ours / 1e9, data.numel() / torch_path / 1e9))
+    return rows_out
+
+
 def machine() -> str:
     try:
         model = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
@@ -80,6 +121,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--quantize-from")
     parser.add_argument("--types", default="Q8_0,Q4_K_M,Q6_K")
+    parser.add_argument("--no-kernels", action="store_true", help="skip the per-type kernel table")
     args = parser.parse_args()
 
     import torch
@@ -109,6 +151,10 @@ def main() -> None:
         t, o = theirs[key], ours[key]
         print(f"| {key} | {max(t):.1f} / {statistics.median(t):.1f} | {max(o):.1f} / {statistics.median(o):.1f} | "
               f"{statistics.median(o) / statistics.median(t):.3f} |")
+    if not args.no_kernels:
+        print(f"\n| type | tensor (op) | compiled GB/s | torch path GB/s | speed-up |\n|---|---|---|---|---|")
+        for name, label, ours_gbs, torch_gbs in kernel_speeds(model):
+            print(f"| {name} | {label} | {ours_gbs:.2f} | {torch_gbs:.3f} | {ours_gbs / torch_gbs:.1f}x |")
     if args.quantize_from:
         print(f"\n| type | llama-quantize s | toolkit convert s | ratio |\n|---|---|---|---|")
         for qtype in args.types.split(","):

@@ -1,0 +1,136 @@
+"""Compiled CPU GGUF kernels (toolkit/kernels/gguf_cpu) against gguf-py, the independent oracle.
+
+``gguf_matmul`` is compared with gguf-py's ``gguf.quants.dequantize`` followed by a float64
+matmul. The kernels accumulate in float32 in their own order, so the allowed error is a float32
+summation bound: ``TOL * (|x| @ |W|.T)`` element by element. ``gguf_dequantize`` must be
+bit-identical. The first test in a fresh environment compiles the extension (~20 s, once).
+"""
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType
+from gguf.quants import dequantize
+from test_gguf_kernels import quantized, random_blocks
+
+from toolkit.core.plugins import PluginSet
+from toolkit.core.registry import Registry
+from toolkit.kernels import runtime
+from toolkit.kernels.gguf.cpu import gguf_matmul_chunked
+from toolkit.kernels.gguf_cpu import HANDLED, build, gguf_dequantize_native, gguf_matmul_native
+
+TYPES = sorted(HANDLED)
+GGUF_QUANTIZES = {"Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"}  # gguf-py can make these from floats
+TOL = 2e-6 * 32  # a few float32 ulps per 32-element partial sum (cols here <= 768)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def compiled():
+    """Both GGUF kernel plugins installed, and the extension built (skip where it cannot be)."""
+    plugins = PluginSet()
+    plugins.add_module("gguf-kernels", "toolkit.kernels.gguf")
+    plugins.add_module("gguf-cpu-kernels", "toolkit.kernels.gguf_cpu")
+    runtime.install(Registry(plugins).kernels)
+    if build.extension() is None:
+        pytest.skip("no C++ toolchain here: the compiled kernels cannot be built")
+
+
+def packed_and_oracle(name: str, rows: int, cols: int, rng) -> tuple[np.ndarray, torch.Tensor]:
+    packed = quantized(name, rows, cols, rng) if name in GGUF_QUANTIZES and rows % 2 else random_blocks(
+        name, rows, cols, rng)
+    weight = torch.from_numpy(np.ascontiguousarray(dequantize(packed, GGMLQuantizationType[name]), np.float32))
+    return packed, weight
+
+
+def assert_matmul_close(got: torch.Tensor, x: torch.Tensor, weight: torch.Tensor) -> None:
+    expected = x.double() @ weight.double().T
+    bound = TOL * (x.double().abs() @ weight.double().abs().T) + 1e-30
+    error = (got.double() - expected).abs()
+    assert got.dtype == x.dtype and got.shape == expected.shape
+    assert bool((error <= bound).all()), f"max error / bound {float((error / bound).max()):.2f}"
+
+
+@pytest.mark.parametrize("name", TYPES)
+def test_matmul_matches_gguf_py(name):
+    rng = np.random.default_rng(HANDLED[name])
+    block = 256 if name.endswith("_K") else 32
+    for rows, cols, tokens in [(7, block, 1), (33, 2 * block, 2), (5, 3 * block, 5), (130, block, 33),
+                               (3, block, 4), (1, 2 * block, 3)]:
+        packed, weight = packed_and_oracle(name, rows, cols, rng)
+        x = torch.randn(tokens, cols, generator=torch.Generator().manual_seed(rows))
+        got = gguf_matmul_native(x, torch.from_numpy(packed), HANDLED[name], cols)
+        assert_matmul_close(got, x, weight)
+
+
+@pytest.mark.parametrize("name", TYPES)
+def test_dequantize_bit_exact(name):
+    rng = np.random.default_rng(10 + HANDLED[name])
+    packed, weight = packed_and_oracle(name, 9, 512, rng)
+    got = gguf_dequantize_native(torch.from_numpy(packed), HANDLED[name], 512, torch.float32)
+    torch.testing.assert_close(got, weight, rtol=0, atol=0)
+
+
+def test_rows_split_over_threads_and_row_slices():
+    """Two threads split the rows (an odd count, chunks of uneven size); a row slice of a
+    bigger tensor (what a fused layer's segment passes) reads the right bytes; 3-D input keeps
+    its shape."""
+    rng = np.random.default_rng(5)
+    packed, weight = packed_and_oracle("Q6_K", 601, 256, rng)
+    data = torch.from_numpy(packed)
+    previous = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        for tokens in (1, 4, 6):
+            x = torch.randn(tokens, 256)
+            assert_matmul_close(gguf_matmul_native(x, data, HANDLED["Q6_K"], 256), x, weight)
+        x = torch.randn(2, 1, 256)
+        got = gguf_matmul_native(x, data[100:301], HANDLED["Q6_K"], 256)
+        assert got.shape == (2, 1, 201)
+        assert_matmul_close(got.reshape(2, 201), x.reshape(2, 256), weight[100:301])
+    finally:
+        torch.set_num_threads(previous)
+
+
+def test_registry_picks_the_compiled_op_on_cpu():
+    packed, _ = packed_and_oracle("Q8_0", 4, 64, np.random.default_rng(6))
+    x = torch.randn(1, 64)
+    assert runtime.resolve("gguf_matmul", x, torch.from_numpy(packed), HANDLED["Q8_0"], 64) is gguf_matmul_native
+    # 16-bit activations keep the reference's contract (weights rounded to x.dtype): torch path
+    assert runtime.resolve("gguf_matmul", x.bfloat16(), torch.from_numpy(packed), HANDLED["Q8_0"],
+                           64) is gguf_matmul_chunked
+    # a type the extension does not decode goes to the chunked torch path
+    iq4 = random_blocks("IQ4_NL", 4, 64, np.random.default_rng(7))
+    iq4_type = int(GGMLQuantizationType.IQ4_NL)
+    assert runtime.resolve("gguf_matmul", x, torch.from_numpy(iq4), iq4_type, 64) is gguf_matmul_chunked
+
+
+def test_failed_build_warns_once_and_falls_back(tmp_path, monkeypatch):
+    broken = tmp_path / "broken.cpp"
+    broken.write_text("#error forced failure for the fallback test\n")
+    monkeypatch.setattr(build, "SOURCES", [broken])
+    monkeypatch.setenv("TOOLKIT_KERNEL_CACHE", str(tmp_path / "cache"))
+    build.reset()
+    try:
+        packed, weight = packed_and_oracle("Q8_0", 4, 64, np.random.default_rng(8))
+        x = torch.randn(1, 64)
+        with pytest.warns(RuntimeWarning, match="compiled CPU GGUF kernels unavailable"):
+            chosen = runtime.resolve("gguf_matmul", x, torch.from_numpy(packed), HANDLED["Q8_0"], 64)
+        assert chosen is gguf_matmul_chunked
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # the failure is remembered: no second warning, no rebuild
+            assert runtime.resolve("gguf_matmul", x, torch.from_numpy(packed), HANDLED["Q8_0"], 64) is chosen
+        assert_matmul_close(runtime.call("gguf_matmul", x, torch.from_numpy(packed), HANDLED["Q8_0"], 64), x, weight)
+    finally:
+        build.reset()
+
+
+def test_build_key_tracks_cpu_and_compiler(monkeypatch):
+    key = build.build_key()
+    monkeypatch.setattr(build, "_cpu_flags", lambda: "flags : fpu sse2")
+    assert build.build_key() != key
+    monkeypatch.undo()
+    monkeypatch.setattr(build, "_compiler_version", lambda: "g++ (other) 99")
+    assert build.build_key() != key

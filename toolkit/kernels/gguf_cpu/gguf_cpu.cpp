@@ -1,0 +1,112 @@
+// Compiled CPU kernels for packed GGUF weights: a GEMV that reads the file's bytes directly
+// (fused.h with AVX2 + FMA; otherwise a row buffer from blocks.h and a dot product), and a row
+// dequantizer (for the tile-then-GEMM path of many-token calls).
+//
+// Contract (the Python side, ops.py, checks it before calling): `w` is `rows` contiguous packed
+// rows of `row_bytes` bytes, each `cols` logical elements of type `qtype`; `x` is `m` contiguous
+// float32 rows of `cols`; `out` is `m` contiguous float32 rows of `rows`. Pointers travel as
+// integers so this file needs only ATen's parallel header (fast to compile), and the GIL is
+// released for the whole call. Work is split over rows with at::parallel_for: torch's own
+// thread pool, so torch.set_num_threads governs it like every other op.
+#include <pybind11/pybind11.h>
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <vector>
+
+#include "blocks.h"
+#include "fused.h"
+
+namespace gguf_cpu {
+
+static inline float dot(const float* a, const float* b, int64_t n) {
+#if defined(__AVX2__) && defined(__FMA__)
+    __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps(), s2 = _mm256_setzero_ps(), s3 = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
+        s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), s1);
+        s2 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 16), _mm256_loadu_ps(b + i + 16), s2);
+        s3 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 24), _mm256_loadu_ps(b + i + 24), s3);
+    }
+    const __m256 s = _mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3));
+    __m128 h = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
+    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_add_ss(h, _mm_movehdup_ps(h));
+    float total = _mm_cvtss_f32(h);
+    for (; i < n; ++i) total += a[i] * b[i];
+    return total;
+#else
+    float s[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int k = 0; k < 8; ++k) s[k] += a[i + k] * b[i + k];
+    float total = ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
+    for (; i < n; ++i) total += a[i] * b[i];
+    return total;
+#endif
+}
+
+
+// Rows per parallel chunk: at least ~64K weights, so tiny matrices do not pay for a fork.
+static int64_t grain_for(int64_t cols) { return std::max<int64_t>(1, 65536 / std::max<int64_t>(cols, 1)); }
+
+void gemv(int64_t x_ptr, int64_t w_ptr, int64_t out_ptr, int64_t m, int64_t rows, int64_t cols,
+          int64_t row_bytes, int qtype) {
+    const float* x = reinterpret_cast<const float*>(x_ptr);
+    const uint8_t* w = reinterpret_cast<const uint8_t*>(w_ptr);
+    float* out = reinterpret_cast<float*>(out_ptr);
+#if defined(__AVX2__) && defined(__FMA__)
+    if (RowsFn fused = fused_for(qtype, m)) {
+        const int64_t nsub = cols / 32;
+        std::vector<float> xsum(m * nsub);  // per 32-element slice of x, for types with an offset
+        for (int64_t i = 0; i < m * nsub; ++i) {
+            float s = 0.f;
+            for (int j = 0; j < 32; ++j) s += x[32 * i + j];
+            xsum[i] = s;
+        }
+        at::parallel_for(0, rows, grain_for(cols), [&](int64_t begin, int64_t end) {
+            fused(w, row_bytes, x, xsum.data(), out, rows, cols, begin, end);
+        });
+        return;
+    }
+#endif
+    // Generic: decode a row into a small per-thread buffer (stays in L1/L2), then one dot per
+    // activation row, so the row is decoded once however many activation rows there are.
+    at::parallel_for(0, rows, grain_for(cols), [&](int64_t begin, int64_t end) {
+        std::vector<float> buffer(cols);
+        for (int64_t r = begin; r < end; ++r) {
+            dequant_row(qtype, w + r * row_bytes, buffer.data(), cols);
+            for (int64_t i = 0; i < m; ++i) out[i * rows + r] = dot(buffer.data(), x + i * cols, cols);
+        }
+    });
+}
+
+void dequantize(int64_t w_ptr, int64_t out_ptr, int64_t rows, int64_t cols, int64_t row_bytes, int qtype) {
+    const uint8_t* w = reinterpret_cast<const uint8_t*>(w_ptr);
+    float* out = reinterpret_cast<float*>(out_ptr);
+    at::parallel_for(0, rows, grain_for(cols), [&](int64_t begin, int64_t end) {
+        for (int64_t r = begin; r < end; ++r) dequant_row(qtype, w + r * row_bytes, out + r * cols, cols);
+    });
+}
+
+int block_elements(int qtype) { return block_elems(qtype); }
+
+// What the compiler enabled, for the bench and the logs.
+const char* isa() {
+#if defined(__AVX2__) && defined(__FMA__)
+    return "avx2+fma";
+#else
+    return "scalar";
+#endif
+}
+
+}  // namespace gguf_cpu
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
+    namespace py = pybind11;
+    module.def("gemv", &gguf_cpu::gemv, py::call_guard<py::gil_scoped_release>());
+    module.def("dequantize", &gguf_cpu::dequantize, py::call_guard<py::gil_scoped_release>());
+    module.def("block_elements", &gguf_cpu::block_elements);
+    module.def("isa", &gguf_cpu::isa);
+}
