@@ -2,6 +2,8 @@
 tokenizer metadata misses, damaged entries are rebuilt, and the cache can be turned off."""
 from __future__ import annotations
 
+import pytest
+
 from gguf_llamacpp import TEXTS, load_vocab, write_gguf
 from toolkit.plugins.loaders.gguf import tokenizer_cache
 from toolkit.plugins.loaders.gguf.metadata import Metadata
@@ -29,7 +31,8 @@ def test_hit_miss_and_damaged_entry(tmp_path, monkeypatch):
     assert tokenizer_cache.cache_key(other) != tokenizer_cache.cache_key(first)
     # a damaged entry is rebuilt and replaced
     entries[0].write_text("{not json")
-    rebuilt = tokenizer_cache.cached_backend(first, lambda m: calls.append(m) or build_backend(m))
+    with pytest.warns(UserWarning, match="unreadable cached tokenizer"):
+        rebuilt = tokenizer_cache.cached_backend(first, lambda m: calls.append(m) or build_backend(m))
     assert len(calls) == 1 and rebuilt.encode("Hello world").ids == again.encode("Hello world").ids
     assert entries[0].read_text().startswith("{\"version\"")
 

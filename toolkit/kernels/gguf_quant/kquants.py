@@ -46,10 +46,78 @@ def _affine_codes(blocks: torch.Tensor, *, nmax: int, rmin: float, nstep: int):
     scale, offset = affine_search(sub, _sub_block_weights(sub), nmax=nmax, rmin=rmin, rdelta=0.1, nstep=nstep)
     scale_codes, d = _six_bit(scale.clamp(min=0))
     min_codes, dmin = _six_bit(offset)
-    step = d.float() * scale_codes.float()                       # the decoded sub-block scales
-    shift = (dmin.float() * min_codes.float()).unsqueeze(-1)
-    codes = torch.round((sub + shift) * safe_reciprocal(step).unsqueeze(-1)).clamp(0, nmax).to(torch.uint8)
+    d, dmin, codes = _refit_super_scales(sub, scale_codes, min_codes, d, dmin, nmax)
+    scale_codes, min_codes, codes, error = _refit_sub_scales(sub, scale_codes, min_codes, d, dmin, codes, nmax)
+    d, dmin, codes = _refit_super_scales(sub, scale_codes, min_codes, d, dmin, nmax)
     return d, dmin, _pack_scales(scale_codes, min_codes), codes
+
+
+def _refit_sub_scales(sub, scale_codes, min_codes, d, dmin, codes, nmax):
+    """With the super-scales and codes fixed, each sub-block's least-squares (scale, min), rounded to
+    6 bits against them; a block keeps the new integers where they decode closer."""
+    _, error = _affine_decode_codes(sub, scale_codes, min_codes, d, dmin, nmax)
+    q = codes.double()
+    x = sub.double()
+    n = sub.shape[-1]
+    sq, sqq, sx, sqx = q.sum(-1), q.square().sum(-1), x.sum(-1), (q * x).sum(-1)
+    det = n * sqq - sq * sq
+    ok = det > 0
+    safe = torch.where(ok, det, torch.ones_like(det))
+    alpha = torch.where(ok, (n * sqx - sq * sx) / safe, torch.zeros_like(det))      # x ~ alpha * q - beta
+    beta = torch.where(ok, (sq * sqx - sqq * sx) / safe, -sx / n)
+    new_s = torch.round(alpha * safe_reciprocal(d.double())).clamp(0, 63).to(torch.uint8)
+    new_m = torch.round(beta.clamp(min=0) * safe_reciprocal(dmin.double())).clamp(0, 63).to(torch.uint8)
+    new_codes, new_error = _affine_decode_codes(sub, new_s, new_m, d, dmin, nmax)
+    better = new_error < error
+    keep = better.unsqueeze(-1)
+    return (torch.where(keep, new_s, scale_codes), torch.where(keep, new_m, min_codes),
+            torch.where(keep.unsqueeze(-1), new_codes.to(torch.uint8), codes), torch.minimum(new_error, error))
+
+
+def _affine_decode_codes(sub, scale_codes, min_codes, d, dmin, nmax):
+    """Codes for fixed (fp16) super-scales and 6-bit sub-block scales, and each block's squared error."""
+    step = (d.float() * scale_codes.float()).unsqueeze(-1)              # [nb, 8, 1] decoded sub-block scales
+    shift = (dmin.float() * min_codes.float()).unsqueeze(-1)
+    codes = torch.round((sub + shift) * safe_reciprocal(step)).clamp_(0, nmax)
+    error = (codes * step - shift - sub).square_().sum((1, 2))
+    return codes, error
+
+
+def _refit_super_scales(sub, scale_codes, min_codes, d, dmin, nmax, rounds: int = 2):
+    """Least-squares refit of the two fp16 super-scales over the whole 256-element block.
+
+    With the integer sub-block scales s_j, mins m_j and codes L fixed, every element is
+    ``d * (s_j * L) - dmin * m_j``: linear in (d, dmin), so the best pair solves a 2x2 system.
+    The first choice (largest scale / 63) only makes the largest sub-block exact; the refit
+    spreads the rounding of the 6-bit scales over all of them. Codes are then re-rounded against
+    the refitted scales, and a block keeps whichever of old and new decodes closer (unweighted
+    squared error: the weight RMSE is what is measured).
+    """
+    codes, error = _affine_decode_codes(sub, scale_codes, min_codes, d, dmin, nmax)
+    s, m = scale_codes.double().unsqueeze(-1), min_codes.double().unsqueeze(-1)  # [nb, 8, 1]
+    x = sub.double()
+    for _ in range(rounds):
+        a = s * codes.double()                                          # coefficient of d, [nb, 8, 32]
+        saa = a.square().sum((1, 2))
+        sab = (a * m).sum((1, 2))                                       # coefficient of dmin is -m_j
+        sbb = m.square().squeeze(-1).sum(-1) * sub.shape[-1]
+        sax = (a * x).sum((1, 2))
+        sbx = (m * x).sum((1, 2))
+        det = saa * sbb - sab * sab
+        ok = det > 1e-30 * saa * sbb
+        safe = torch.where(ok, det, torch.ones_like(det))
+        new_d = torch.where(ok, (sbb * sax - sab * sbx) / safe, sax / torch.where(saa > 0, saa, torch.ones_like(saa)))
+        new_dmin = torch.where(ok, (sab * sax - saa * sbx) / safe, dmin.double().squeeze(-1))
+        new_d = new_d.clamp(min=0).to(torch.float16).unsqueeze(-1)
+        new_dmin = new_dmin.clamp(min=0).to(torch.float16).unsqueeze(-1)
+        finite = torch.isfinite(new_d.float()) & torch.isfinite(new_dmin.float())
+        new_d, new_dmin = torch.where(finite, new_d, d), torch.where(finite, new_dmin, dmin)
+        new_codes, new_error = _affine_decode_codes(sub, scale_codes, min_codes, new_d, new_dmin, nmax)
+        better = new_error < error
+        d, dmin = torch.where(better.unsqueeze(-1), new_d, d), torch.where(better.unsqueeze(-1), new_dmin, dmin)
+        codes = torch.where(better.view(-1, 1, 1), new_codes, codes)
+        error = torch.minimum(new_error, error)
+    return d, dmin, codes.to(torch.uint8)
 
 
 def _nibble_pairs(codes: torch.Tensor) -> torch.Tensor:

@@ -14,26 +14,25 @@ def sentencepiece_merges(vocab: dict[str, int], scores: dict[str, float]) -> lis
     order of ``scores``. This is the order SentencePiece-to-BPE conversion (and transformers)
     uses, so the tokenizer encodes the same way.
     """
-    lefts: list[str] = []
-    rights: list[str] = []
-    keys: list[tuple[float, int, int, int]] = []
-    add_left, add_right, add_key = lefts.append, rights.append, keys.append
-    for order, (token, score) in enumerate(scores.items()):
-        length = len(token)
-        for cut in range(1, length):
-            left = token[:cut]
-            if left in vocab:  # most prefixes are not pieces: skip building the right side
-                right = token[cut:]
-                if right in vocab:
-                    add_left(left)
-                    add_right(right)
-                    add_key((score, cut, length - cut, order))
-    if not keys:
+    pieces = list(scores)
+    owners: list[int] = []  # the token each merge makes (its index in ``scores``)
+    cuts: list[int] = []  # where that token is cut
+    add_owner, add_cut = owners.append, cuts.append
+    for order, token in enumerate(pieces):
+        for cut in range(1, len(token)):
+            # most prefixes are not pieces: the right side is sliced only when the left one is
+            if token[:cut] in vocab and token[cut:] in vocab:
+                add_owner(order)
+                add_cut(cut)
+    if not owners:
         return []
-    table = np.array(keys, dtype=np.float64)
+    owner = np.array(owners, dtype=np.int64)
+    cut = np.array(cuts, dtype=np.int64)
+    score = np.fromiter(scores.values(), dtype=np.float64, count=len(pieces))[owner]
+    length = np.fromiter(map(len, pieces), dtype=np.int64, count=len(pieces))[owner]
     # lexsort's last key is the primary one; negate for "descending"
-    ranked = np.lexsort((table[:, 3], -table[:, 2], -table[:, 1], -table[:, 0]))
-    return [(lefts[i], rights[i]) for i in ranked.tolist()]
+    ranked = np.lexsort((owner, -(length - cut), -cut, -score))
+    return [(pieces[o][:c], pieces[o][c:]) for o, c in zip(owner[ranked].tolist(), cut[ranked].tolist())]
 
 
 @functools.lru_cache(maxsize=1)

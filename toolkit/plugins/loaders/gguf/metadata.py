@@ -60,6 +60,8 @@ class Metadata(Mapping[str, Any]):
         if not self.is_array(key):
             return None
         field = self._fields[key]
+        if hasattr(field, "item_count"):  # a bulk field (fields.py) knows it without making its parts
+            return field.item_count
         if field.types[-1] in (GGUFValueType.STRING, GGUFValueType.ARRAY):
             return len(field.data)  # one data part per element
         return sum(len(field.parts[i]) for i in field.data)  # parts may hold many values each

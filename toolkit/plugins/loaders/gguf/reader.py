@@ -20,9 +20,12 @@ from pathlib import Path
 
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader, GGUFValueType
+from gguf.gguf_reader import ReaderField
 from gguf.constants import GGUF_MAGIC
 
 from toolkit.core.errors import CheckpointError, CorruptFileError, UnsupportedQuantTypeError
+
+from .fields import NumericArrayField, StringArrayField
 
 MAGIC = struct.pack("<I", GGUF_MAGIC)  # b"GGUF"
 HEADER_BYTES = 24  # magic, version (u32), tensor count (u64), metadata count (u64)
@@ -85,18 +88,67 @@ class FastGGUFReader(GGUFReader):
             self._raw = self.data.view(np.ndarray)
         return self._raw
 
+    def _build_fields(self, offs: int, count: int) -> int:
+        """gguf-py's loop over the key/value pairs, with top-level arrays of strings and numbers
+        made as bulk fields (``fields.py``); everything else goes through ``_get_field_parts``."""
+        for _ in range(count):
+            orig_offs = offs
+            kv_klen, kv_kdata = self._get_str(offs)
+            offs += int(kv_klen.nbytes + kv_kdata.nbytes)
+            raw_kv_type = self._get(offs, np.uint32)
+            if len(raw_kv_type) != 1:
+                raise self._corrupt(f"metadata entry at byte {orig_offs} is past the end of the file")
+            offs += int(raw_kv_type.nbytes)
+            name = str(bytes(kv_kdata), encoding="utf-8")
+            head = [kv_klen, kv_kdata, raw_kv_type]
+            field = self._bulk_array(orig_offs, name, head, offs) if raw_kv_type[0] == GGUFValueType.ARRAY \
+                and self.byte_order == "I" else None
+            if field is None:
+                size, parts, idxs, types = self._get_field_parts(offs, raw_kv_type[0])
+                field = ReaderField(orig_offs, name, head + parts, [i + len(head) for i in idxs], types)
+            else:
+                size = field.span[1] - offs
+            self._push_field(field, skip_sum=True)
+            offs += size
+        return offs
+
+    def _bulk_array(self, orig_offs: int, name: str, head: list, offs: int):
+        """A bulk field for an array of strings or numbers at ``offs``; None for nested arrays."""
+        raw_itype, count_part = self._array_header(offs)
+        item_type, count = int(raw_itype[0]), int(count_part[0])
+        head = [*head, raw_itype, count_part]
+        start = offs + 12
+        if item_type == GGUFValueType.STRING:
+            starts, end = self._string_starts(start, count)
+            return StringArrayField(orig_offs, name, head, self._bytes(), starts, end)
+        if item_type in self._scalar_types():
+            nptype = self.gguf_scalar_to_np[GGUFValueType(item_type)]
+            size, (values,), _ = self._scalar_array(start, count, nptype)
+            return NumericArrayField(orig_offs, name, head, values, GGUFValueType(item_type), self._bytes(),
+                                     (offs, start + size))
+        if item_type == GGUFValueType.ARRAY:
+            return None
+        raise self._corrupt(f"metadata array at byte {offs} has unknown item type {item_type}")
+
+    def _scalar_types(self) -> set[int]:
+        return {int(t) for t in self.gguf_scalar_to_np}
+
+    def _array_header(self, offs: int):
+        raw_itype = self._get(offs, np.uint32)
+        count_part = self._get(offs + 4, np.uint64)
+        if len(raw_itype) != 1 or len(count_part) != 1:
+            raise self._corrupt(f"metadata array header at byte {offs} is past the end of the file")
+        return raw_itype, count_part
+
     def _get_field_parts(self, orig_offs: int, raw_type: int):
         if raw_type != GGUFValueType.ARRAY or self.byte_order != "I":
             return super()._get_field_parts(orig_offs, raw_type)
-        raw_itype = self._get(orig_offs, np.uint32)
-        count_part = self._get(orig_offs + 4, np.uint64)
-        if len(raw_itype) != 1 or len(count_part) != 1:
-            raise self._corrupt(f"metadata array header at byte {orig_offs} is past the end of the file")
+        raw_itype, count_part = self._array_header(orig_offs)
         item_type, count = int(raw_itype[0]), int(count_part[0])
         start = orig_offs + 12
         if item_type == GGUFValueType.STRING:
             size, parts, idxs = self._string_array(start, count)
-        elif item_type in {int(t) for t in self.gguf_scalar_to_np}:
+        elif item_type in self._scalar_types():
             size, parts, idxs = self._scalar_array(start, count, self.gguf_scalar_to_np[GGUFValueType(item_type)])
         elif item_type == GGUFValueType.ARRAY:
             return self._nested_array(orig_offs, raw_itype, count_part, count)
@@ -112,22 +164,35 @@ class FastGGUFReader(GGUFReader):
         # one part holding every value: ReaderField.contents() flattens parts, so it reads the same
         return nbytes, [self._get(start, nptype, count)], [0]
 
-    def _string_array(self, start: int, count: int) -> tuple[int, list, list[int]]:
-        raw, end = self._bytes(), len(self.data)
+    def _string_starts(self, start: int, count: int) -> tuple[np.ndarray, int]:
+        """Where each of ``count`` strings' bytes begin, and where the last ends (one pass over the
+        lengths: each string's position depends on every length before it)."""
+        end = len(self.data)
         if start + 8 * count > end:
             raise self._corrupt(f"metadata array of {count} strings at byte {start} runs past the end of the file")
-        parts: list[np.ndarray] = []
+        buffer = memoryview(self._bytes())
+        length_at = struct.Struct("<Q").unpack_from
+        starts = np.empty(count, dtype=np.int64)
         offs = start
-        for _ in range(count):
+        for index in range(count):
             if offs + 8 > end:
                 raise self._corrupt(f"string at byte {offs} runs past the end of the file")
-            (length,) = struct.unpack_from("<Q", raw, offs)
-            if offs + 8 + length > end:
-                raise self._corrupt(f"string of {length} bytes at byte {offs} runs past the end of the file")
-            parts.append(raw[offs:offs + 8].view(np.uint64))
-            parts.append(raw[offs + 8:offs + 8 + length])
-            offs += 8 + length
-        return offs - start, parts, list(range(1, 2 * count, 2))
+            offs += 8
+            starts[index] = offs
+            offs += length_at(buffer, offs - 8)[0]
+        if offs > end:
+            raise self._corrupt(f"string at byte {starts[-1] - 8} runs past the end of the file")
+        return starts, offs
+
+    def _string_array(self, start: int, count: int) -> tuple[int, list, list[int]]:
+        starts, end = self._string_starts(start, count)
+        raw = self._bytes()
+        stops = [*(starts[1:] - 8).tolist(), end]
+        parts: list[np.ndarray] = []
+        for begin, stop in zip(starts.tolist(), stops):
+            parts.append(raw[begin - 8:begin].view(np.uint64))
+            parts.append(raw[begin:stop])
+        return end - start, parts, list(range(1, 2 * count, 2))
 
     def _nested_array(self, orig_offs: int, raw_itype, count_part, count: int):
         if orig_offs + 12 + count * 12 > len(self.data):

@@ -9,7 +9,7 @@ taken straight from the file's memory map without decoding a string.
 Location: ``$TOOLKIT_TOKENIZER_CACHE`` if set (empty or ``off`` disables the cache), else
 ``$XDG_CACHE_HOME/toolkit/tokenizers`` (``~/.cache/toolkit/tokenizers``). Entries are written to
 a temporary file and renamed into place, so concurrent processes never read a partial entry;
-an unreadable entry is rebuilt and rewritten.
+an unreadable entry is rebuilt and rewritten, with a warning.
 """
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ import ctypes
 import hashlib
 import os
 import tempfile
+import warnings
 from pathlib import Path
 from typing import Callable
 
@@ -53,7 +54,10 @@ def cache_key(metadata: Metadata) -> str:
 def _raw_bytes(metadata: Metadata, key: str) -> memoryview | bytes:
     """The bytes a field occupies in the file: its parts are consecutive views of one memory map,
     so the span from the first part to the end of the last covers them all."""
-    parts = [p for p in metadata.field(key).parts if p.nbytes]
+    field = metadata.field(key)
+    if hasattr(field, "value_bytes"):  # a bulk field (fields.py): its bytes, without making its parts
+        return field.value_bytes()
+    parts = [p for p in field.parts if p.nbytes]
     if not parts:
         return b""
     start = parts[0].__array_interface__["data"][0]
@@ -72,8 +76,9 @@ def cached_backend(metadata: Metadata, build: Callable[[Metadata], Tokenizer | N
     if path.is_file():
         try:
             return Tokenizer.from_file(str(path))
-        except Exception:  # noqa: BLE001 - a damaged entry is rebuilt below
-            pass
+        except Exception as exc:  # noqa: BLE001 - a damaged entry is rebuilt (and replaced) below
+            warnings.warn(f"{metadata.file}: ignoring the unreadable cached tokenizer {path} "
+                          f"({type(exc).__name__}: {str(exc)[:200]}); rebuilding it", stacklevel=3)
     backend = build(metadata)
     if backend is not None:
         _store(path, backend)

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 from gguf import GGUFValueType
 
 from toolkit.core import validate as v
@@ -56,7 +58,8 @@ def check_tokenizer_metadata(metadata: Metadata) -> None:
         v.text(metadata["tokenizer.chat_template"], key="tokenizer.chat_template", file=file, allow_empty=True)
     _check_parallel_arrays(metadata, count)
     # llama.cpp stores SentencePiece spaces as " " in some vocabularies (Gemma) and "\u2581" in merges
-    _check_merges(metadata, set(tokens) | {token.replace(" ", "\u2581") for token in tokens})
+    if PREFIX + "merges" in metadata:
+        _check_merges(metadata, set(tokens) | {token.replace(" ", "\u2581") for token in tokens})
     _check_scores_needed(metadata)
 
 
@@ -79,7 +82,12 @@ def _check_parallel_arrays(metadata: Metadata, count: int) -> None:
         if length != count:
             raise InvalidConfigError(f"{length} entries for {count} tokens", file=metadata.file, key=key)
     if PREFIX + "scores" in metadata:
-        bad = next((i for i, s in enumerate(metadata[PREFIX + "scores"]) if not math.isfinite(float(s))), None)
+        values = getattr(metadata.field(PREFIX + "scores"), "values", None)  # a bulk field's numpy view
+        if values is not None:
+            finite = np.isfinite(values.astype(np.float64))
+            bad = None if finite.all() else int(np.flatnonzero(~finite)[0])
+        else:
+            bad = next((i for i, s in enumerate(metadata[PREFIX + "scores"]) if not math.isfinite(float(s))), None)
         if bad is not None:
             raise InvalidConfigError(f"score of token {bad} is not finite", file=metadata.file, key=PREFIX + "scores")
 
