@@ -17,6 +17,7 @@ import os
 import platform
 import shutil
 import subprocess
+import sys
 import threading
 import warnings
 from pathlib import Path
@@ -72,6 +73,9 @@ def compile_extension(sources=None):
     name = f"toolkit_gguf_cpu_{build_key(sources)}"
     directory = cache_root() / name
     directory.mkdir(parents=True, exist_ok=True)
+    if not (directory / f"{name}.so").exists():  # a first build takes ~20-60 s: say why the wait
+        print(f"toolkit: compiling the CPU GGUF kernels for this machine (once; cached in {directory})",
+              file=sys.stderr, flush=True)
     return cpp_extension.load(name=name, sources=sources, extra_cflags=CFLAGS, extra_include_paths=[str(HERE)],
                               build_directory=str(directory), verbose=False)
 
