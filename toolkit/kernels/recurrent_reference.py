@@ -49,10 +49,11 @@ def causal_conv1d_prefill(x: torch.Tensor, weight: torch.Tensor, bias: torch.Ten
         is_fresh = True if fresh is None else bool(fresh[i])
         prev = _initial(state, slot, is_fresh, (channels, width - 1), weight.dtype, x.device)
         window = torch.cat((prev, x[start:end].t().to(weight.dtype)), dim=1)  # [C, K - 1 + L]
-        y = F.conv1d(window.unsqueeze(0), weight.unsqueeze(1), bias, groups=channels)[0]  # [C, L]
-        if activation:
-            y = F.silu(y)
-        out[start:end] = y.t().to(x.dtype)
+        if end > start:  # an empty sequence only carries (or, fresh, clears) its window
+            y = F.conv1d(window.unsqueeze(0), weight.unsqueeze(1), bias, groups=channels)[0]  # [C, L]
+            if activation:
+                y = F.silu(y)
+            out[start:end] = y.t().to(x.dtype)
         if state is not None:
             state[slot] = window[:, window.shape[1] - (width - 1):].to(state.dtype)
     return out

@@ -1,28 +1,30 @@
-"""Triton decode kernels for recurrent (Gated DeltaNet) layers on CUDA, registered with the runtime.
+"""Triton kernels for recurrent (Gated DeltaNet) layers on CUDA, registered with the runtime.
 
-Registered only where Triton and a CUDA device exist. Decode (one token per sequence, what
-CUDA graphs replay) runs here: the causal conv1d state update and the gated delta rule step,
-each one kernel launch over the whole batch reading and writing the state pool in place.
-Prefill (conv over a prompt, chunked gated delta rule) uses the torch references in
-``kernels/recurrent_reference.py`` on every device: they run per sequence and per 64-token
-chunk as a handful of batched matmuls and one triangular solve on the GPU.
+Registered only where Triton and a CUDA device exist (elsewhere, and for whatever a kernel's
+``supports`` declines, the torch references in ``kernels/recurrent_reference.py`` serve):
+
+* decode (``triton_ops``; one token per sequence, what CUDA graphs replay): the causal conv1d
+  state update and the gated delta rule step, each one launch over the whole batch, reading and
+  writing the state pool in place;
+* prefill (``triton_prefill``; the flat varlen batch of prompts and prompt chunks): the causal
+  conv1d over each sequence continuing from its window, and the chunked gated delta rule
+  (chunks of 64, resuming from each sequence's state and writing its final state back).
 
 The projection output needs no split kernel: the fused parameter is laid out ``[q|k|v|z|b|a]``
-(contiguous per rank), so q/k/v/z/b/a are views of it, whatever layout the checkpoint had.
+(contiguous per rank) whatever layout the checkpoint had, so q/k/v/z/b/a are views of it, and
+the kernels read those strided views directly.
 """
 from __future__ import annotations
 
 from ...core.hookspecs import hookimpl
-from ..triton_support import triton_usable
+from ..triton_support import optional_ops
 
 PRIORITY = 10
 
 
 @hookimpl
 def register_kernels(register):
-    if not triton_usable():
-        return
-    from . import triton_ops  # noqa: PLC0415 - imports triton
-
-    register("causal_conv1d_decode", triton_ops.causal_conv1d_decode, device="cuda", priority=PRIORITY)
-    register("gated_delta_rule_decode", triton_ops.gated_delta_rule_decode, device="cuda", priority=PRIORITY)
+    for module, what in (("triton_ops", "recurrent decode Triton kernels"),
+                         ("triton_prefill", "recurrent prefill Triton kernels")):
+        for name, fn in optional_ops(f"{__name__}.{module}", what).items():
+            register(name, fn, device="cuda", priority=PRIORITY)

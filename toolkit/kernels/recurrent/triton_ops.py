@@ -95,3 +95,5 @@ def gated_delta_rule_decode(q, k, v, g, beta, state, slots, fresh):
 
 gated_delta_rule_decode.supports = lambda q, k, v, g, beta, state, *a, **k_: (
     state.dtype == torch.float32 and state.is_contiguous() and q.shape[-1] == triton.next_power_of_2(q.shape[-1]))
+
+OPS = {"causal_conv1d_decode": causal_conv1d_decode, "gated_delta_rule_decode": gated_delta_rule_decode}

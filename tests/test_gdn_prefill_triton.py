@@ -1,0 +1,116 @@
+"""The Gated DeltaNet prefill Triton kernels (``kernels/recurrent/triton_prefill.py``) run by
+Triton's interpreter on the CPU, against the torch references (which test_recurrent_kernels.py
+checks against transformers). Tiny shapes: the interpreter runs every program in numpy.
+
+Skipped where Triton is not installed (CI) and on CUDA machines, where test_gdn_prefill_gpu.py
+checks the compiled kernels instead (the interpreter switch is process-wide at import time).
+The interpreter of Triton < 3.7 cannot run loops with loaded bounds under numpy >= 2.4
+(``int()`` of a one-element array); those combinations skip too.
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from toolkit.kernels import recurrent_reference as ref
+
+if importlib.util.find_spec("triton") is None:
+    pytest.skip("Triton is not installed", allow_module_level=True)
+if torch.cuda.is_available():
+    pytest.skip("CUDA present: the compiled kernels are tested by test_gdn_prefill_gpu.py", allow_module_level=True)
+if "triton" not in sys.modules:
+    # read when @triton.jit decorates, including triton.language's own helpers at ``import triton``
+    os.environ["TRITON_INTERPRET"] = "1"
+import triton  # noqa: E402
+import triton.language.standard  # noqa: E402
+
+if type(triton.language.standard.zeros).__name__ != "InterpretedFunction":
+    pytest.skip("Triton was imported before this module, outside the interpreter", allow_module_level=True)
+_version = tuple(int(p) for p in triton.__version__.split(".")[:2])
+if _version < (3, 7) and tuple(int(p) for p in np.__version__.split(".")[:2]) >= (2, 4):
+    pytest.skip(f"Triton {triton.__version__}'s interpreter needs numpy < 2.4", allow_module_level=True)
+tp = importlib.import_module("toolkit.kernels.recurrent.triton_prefill")
+if type(tp._gdr_chunk_scan).__name__ != "InterpretedFunction":
+    tp = importlib.reload(tp)
+
+
+def _bounds(lengths):
+    return torch.tensor([0, *lengths]).cumsum(0)
+
+
+@pytest.mark.parametrize("with_state", [True, False])
+def test_conv1d_prefill_kernel_matches_reference(with_state):
+    """Varlen prompts: one longer than a token block, ones shorter than the window (their new
+    window keeps old entries), an empty one, fresh and resuming slots, strided rows, a bias."""
+    lengths, channels, width = [21, 1, 2, 0, 5], 40, 4
+    tokens = sum(lengths)
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(tokens, channels + 3, generator=g)[:, :channels]
+    weight = torch.randn(channels, width, generator=g)
+    bias = torch.randn(channels, generator=g)
+    slots = torch.tensor([4, 0, 2, 5, 1])
+    fresh = torch.tensor([False, True, False, True, False])
+    state = torch.randn(6, channels, width - 1, generator=g) if with_state else None
+    state_ref = state.clone() if with_state else None
+    for b in (None, bias):
+        expected = ref.causal_conv1d_prefill(x, weight, b, state_ref.clone() if with_state else None,
+                                             _bounds(lengths), slots, fresh)
+        got = tp.causal_conv1d_prefill(x, weight, b, state.clone() if with_state else None, _bounds(lengths),
+                                       slots, fresh)
+        torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+    expected = ref.causal_conv1d_prefill(x, weight, None, state_ref, _bounds(lengths), slots, fresh, activation=False)
+    got = tp.causal_conv1d_prefill(x, weight, None, state, _bounds(lengths), slots, fresh, activation=False)
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+    if with_state:
+        torch.testing.assert_close(state, state_ref, atol=0, rtol=0)
+        assert not torch.equal(state[2], state[2] * 0)  # a short resumed sequence kept old window entries
+
+
+def _gdr_inputs(lengths, hk, hv, dk, dv, seed):
+    tokens = sum(lengths)
+    g = torch.Generator().manual_seed(seed)
+    q, k = torch.randn(tokens, hk, dk, generator=g), torch.randn(tokens, hk, dk, generator=g)
+    v = torch.randn(tokens, hv, dv, generator=g)
+    decay = -torch.rand(tokens, hv, generator=g) * 0.3
+    beta = torch.rand(tokens, hv, generator=g)
+    return q, k, v, decay, beta
+
+
+@pytest.mark.parametrize("heads", [(1, 2, 16, 24), (2, 2, 16, 16)])
+def test_chunked_gated_delta_rule_kernel_matches_reference(heads):
+    """Varlen batch crossing a 64-token chunk boundary, with non-zero initial states, a fresh slot
+    (old content ignored), grouped heads and a value width that is not a power of two."""
+    hk, hv, dk, dv = heads
+    lengths = [67, 1, 3]
+    q, k, v, decay, beta = _gdr_inputs(lengths, hk, hv, dk, dv, seed=1)
+    state = torch.randn(5, hv, dk, dv, generator=torch.Generator().manual_seed(2)) * 0.3
+    state_ref = state.clone()
+    slots, fresh = torch.tensor([3, 0, 4]), torch.tensor([False, True, False])
+    expected = ref.gated_delta_rule_prefill(q, k, v, decay, beta, state_ref, _bounds(lengths), slots, fresh)
+    got = tp.gated_delta_rule_prefill(q, k, v, decay, beta, state, _bounds(lengths), slots, fresh)
+    torch.testing.assert_close(got, expected, atol=2e-5, rtol=1e-4)
+    torch.testing.assert_close(state, state_ref, atol=2e-5, rtol=1e-4)
+    assert torch.equal(state[1], state_ref[1]) and torch.equal(state[2], state_ref[2])  # untouched slots
+
+
+def test_chunked_gated_delta_rule_kernel_resumes_and_runs_without_state():
+    """A prompt split across two calls (the second resuming from the slot the first wrote) equals the
+    whole prompt in one call; with no state pool the output matches the reference's."""
+    hk, hv, dk, dv = 1, 1, 16, 16
+    q, k, v, decay, beta = _gdr_inputs([70], hk, hv, dk, dv, seed=3)
+    whole = tp.gated_delta_rule_prefill(q, k, v, decay, beta, None, _bounds([70]), None, None)
+    torch.testing.assert_close(whole, ref.gated_delta_rule_prefill(q, k, v, decay, beta, None, _bounds([70]),
+                                                                    None, None), atol=2e-5, rtol=1e-4)
+    state = torch.full((2, hv, dk, dv), 7.0)
+    slots = torch.tensor([1])
+    first = tp.gated_delta_rule_prefill(*(t[:45] for t in (q, k, v, decay, beta)), state, _bounds([45]), slots,
+                                        torch.tensor([True]))
+    second = tp.gated_delta_rule_prefill(*(t[45:] for t in (q, k, v, decay, beta)), state, _bounds([25]), slots,
+                                         torch.tensor([False]))
+    torch.testing.assert_close(torch.cat((first, second)), whole, atol=2e-5, rtol=1e-4)
+    assert (state[0] == 7.0).all()

@@ -1,0 +1,286 @@
+"""Triton prefill kernels for Gated DeltaNet: causal conv1d over prompts and the chunked gated delta rule.
+
+Same contracts as the torch references in ``kernels/recurrent_reference.py`` (flat varlen batch,
+``query_start_loc``, a state pool with ``slots`` / ``fresh``), and like them they never move data
+to the host: grids are sized from ``T`` and the number of sequences, so nothing waits on the GPU.
+
+Chunked gated delta rule (chunks of ``CHUNK`` tokens, counted from each sequence's start), per
+value head, with ``G_t`` the within-chunk cumulative sum of ``g`` and ``A`` the strictly lower
+``A_ts = beta_t exp(G_t - G_s) k_t.k_s``:
+
+1. ``_gdr_chunk_prep`` (one program per chunk and head, all chunks in parallel): ``G``, ``A``, the
+   inverse ``(I + A)^-1`` by forward substitution in registers, then ``w = (I + A)^-1 (beta exp(G) k)``
+   and ``u = (I + A)^-1 (beta v)`` (the WY form: the chunk's corrected values are ``u - w S``).
+2. ``_gdr_chunk_scan`` (one program per sequence, head and block of value columns, the chunks of
+   the sequence in order): from the state ``S`` (the slot's, or zero when fresh) each chunk gives
+   ``v' = u - w S``, ``o = exp(G) q S + (q k^T . exp(G_t - G_s))_{s<=t} v'``,
+   ``S <- exp(G_last) S + (exp(G_last - G) k)^T v'``; the final ``S`` goes back to the slot.
+
+q and k are L2-normalised inside both kernels (q also scaled by ``dk ** -0.5``), so callers pass the
+conv output's views as they are.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+CHUNK = 64
+L2_EPS = 1e-6
+
+
+# ---- causal depthwise conv1d over prompts --------------------------------------------------------
+@triton.jit
+def _conv_prefill_kernel(x_ptr, w_ptr, bias_ptr, state_ptr, qsl_ptr, seq_of_ptr, slots_ptr, fresh_ptr, out_ptr,
+                         tokens, channels, stride_x, stride_state_slot, stride_out,
+                         WIDTH: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr,
+                         HAS_STATE: tl.constexpr, HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr):
+    rows = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    row_ok = rows < tokens
+    col_ok = cols < channels
+    seq = tl.load(seq_of_ptr + rows, mask=row_ok, other=0)
+    start = tl.load(qsl_ptr + seq, mask=row_ok, other=0)
+    acc = tl.zeros([BLOCK_T, BLOCK_C], dtype=tl.float32)
+    if HAS_STATE:
+        slot = tl.load(slots_ptr + seq, mask=row_ok, other=0).to(tl.int64)
+        keep = 1.0 - tl.load(fresh_ptr + seq, mask=row_ok, other=1).to(tl.float32)
+    for i in tl.static_range(WIDTH):
+        pos = rows - (WIDTH - 1) + i                       # the input this tap reads
+        inside = pos >= start
+        xv = tl.load(x_ptr + pos.to(tl.int64)[:, None] * stride_x + cols[None, :],
+                     mask=(row_ok & inside)[:, None] & col_ok[None, :], other=0.0).to(tl.float32)
+        if HAS_STATE:  # before the sequence's first token: the slot's window (zero when fresh)
+            back = (WIDTH - 1) + pos - start
+            sv = tl.load(state_ptr + slot[:, None] * stride_state_slot + cols[None, :] * (WIDTH - 1) + back[:, None],
+                         mask=(row_ok & ~inside)[:, None] & col_ok[None, :], other=0.0).to(tl.float32)
+            xv += sv * keep[:, None]
+        acc += xv * tl.load(w_ptr + cols * WIDTH + i, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+    if ACTIVATION:
+        acc = acc / (1.0 + tl.exp(-acc))
+    tl.store(out_ptr + rows.to(tl.int64)[:, None] * stride_out + cols[None, :], acc.to(out_ptr.dtype.element_ty),
+             mask=row_ok[:, None] & col_ok[None, :])
+
+
+@triton.jit
+def _conv_state_kernel(x_ptr, state_ptr, qsl_ptr, slots_ptr, fresh_ptr, channels, stride_x, stride_state_slot,
+                       WIDTH: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_W: tl.constexpr):
+    """Each slot's window becomes the last K - 1 inputs of its sequence (older ones from the window
+    itself when the sequence is shorter than K - 1). Runs after the conv, which read the old windows."""
+    seq = tl.program_id(0)
+    cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    taps = tl.arange(0, BLOCK_W)
+    col_ok = cols < channels
+    tap_ok = taps < WIDTH - 1
+    start, end = tl.load(qsl_ptr + seq), tl.load(qsl_ptr + seq + 1)
+    slot = tl.load(slots_ptr + seq).to(tl.int64)
+    keep = 1.0 - tl.load(fresh_ptr + seq).to(tl.float32)
+    pos = end - (WIDTH - 1) + taps
+    inside = pos >= start
+    ok = col_ok[:, None] & tap_ok[None, :]
+    xv = tl.load(x_ptr + pos.to(tl.int64)[None, :] * stride_x + cols[:, None], mask=ok & inside[None, :], other=0.0)
+    window = state_ptr + slot * stride_state_slot + cols[:, None] * (WIDTH - 1)
+    old = tl.load(window + ((WIDTH - 1) + pos - start)[None, :], mask=ok & ~inside[None, :], other=0.0)
+    new = xv.to(tl.float32) + old.to(tl.float32) * keep
+    tl.debug_barrier()  # all of this program's reads of the old window happen before its writes
+    tl.store(window + taps[None, :], new.to(state_ptr.dtype.element_ty), mask=ok)
+
+
+def _seq_of_tokens(query_start_loc: torch.Tensor, tokens: int) -> torch.Tensor:
+    positions = torch.arange(tokens, device=query_start_loc.device)
+    return torch.searchsorted(query_start_loc[1:].contiguous(), positions, right=True).to(torch.int32)
+
+
+def _slots_fresh(slots, fresh, num_seqs, device):
+    if slots is None:
+        slots = torch.zeros(num_seqs, dtype=torch.int64, device=device)
+    if fresh is None:
+        fresh = torch.ones(num_seqs, dtype=torch.bool, device=device)
+    return slots, fresh.to(torch.int8)
+
+
+def causal_conv1d_prefill(x, weight, bias, state, query_start_loc, slots, fresh, activation: bool = True):
+    """Same contract as the reference: x [T, C] (rows may be strided), weight [C, K],
+    state [num_slots, C, K - 1] or None; returns [T, C] in x's dtype, windows updated in place."""
+    tokens, channels = x.shape
+    width = weight.shape[1]
+    num_seqs = query_start_loc.shape[0] - 1
+    out = torch.empty(tokens, channels, dtype=x.dtype, device=x.device)
+    weight = weight.contiguous()
+    qsl = query_start_loc.to(torch.int32)
+    slots, fresh8 = _slots_fresh(slots, fresh, num_seqs, x.device)
+    has_state = state is not None
+    state_arg = state if has_state else out  # never read when HAS_STATE is off
+    block_t, block_c = 16, 128
+    if tokens:
+        _conv_prefill_kernel[(triton.cdiv(tokens, block_t), triton.cdiv(channels, block_c))](
+            x, weight, bias if bias is not None else weight, state_arg, qsl, _seq_of_tokens(qsl, tokens), slots, fresh8,
+            out, tokens, channels, x.stride(0), state.stride(0) if has_state else 0, out.stride(0),
+            WIDTH=width, BLOCK_T=block_t, BLOCK_C=block_c, HAS_STATE=has_state, HAS_BIAS=bias is not None,
+            ACTIVATION=activation)
+    if has_state and num_seqs:
+        _conv_state_kernel[(num_seqs, triton.cdiv(channels, 64))](
+            x, state, qsl, slots, fresh8, channels, x.stride(0), state.stride(0),
+            WIDTH=width, BLOCK_C=64, BLOCK_W=triton.next_power_of_2(width - 1))
+    return out
+
+
+causal_conv1d_prefill.supports = lambda x, weight, bias, state, *a, **k: (
+    weight.shape[1] >= 2 and x.stride(1) == 1 and (state is None or state.is_contiguous()))
+
+
+# ---- chunked gated delta rule ------------------------------------------------------------------------
+@triton.jit
+def _load_l2(ptr, rows, row_ok, stride_t, dcols, dk, SCALE):
+    """[BT, BDK] rows of a q/k head, L2-normalised in fp32 (padding rows and columns are zero)."""
+    x = tl.load(ptr + rows.to(tl.int64)[:, None] * stride_t + dcols[None, :],
+                mask=row_ok[:, None] & (dcols < dk)[None, :], other=0.0).to(tl.float32)
+    return x * (tl.rsqrt(tl.sum(x * x, axis=1) + 1e-6) * SCALE)[:, None]
+
+
+@triton.jit
+def _gdr_chunk_prep(k_ptr, v_ptr, g_ptr, beta_ptr, qsl_ptr, chunk_seq_ptr, chunk_first_ptr, w_ptr, u_ptr, gcum_ptr,
+                    num_seqs, stride_kt, stride_kh, stride_vt, stride_vh, stride_gt, stride_bt, stride_wt,
+                    stride_wh, stride_ut, stride_uh, stride_ct, ratio, dk, dv,
+                    BT: tl.constexpr, BDK: tl.constexpr, BDV: tl.constexpr, PRECISION: tl.constexpr):
+    chunk, head = tl.program_id(0), tl.program_id(1)
+    seq = tl.load(chunk_seq_ptr + chunk)
+    if seq >= num_seqs:  # the grid is an upper bound on the number of chunks
+        return
+    end = tl.load(qsl_ptr + seq + 1)
+    first = tl.load(chunk_first_ptr + chunk)
+    rows = first + tl.arange(0, BT)
+    row_ok = rows < end
+    dks, dvs = tl.arange(0, BDK), tl.arange(0, BDV)
+    k = _load_l2(k_ptr + (head // ratio) * stride_kh, rows, row_ok, stride_kt, dks, dk, 1.0)
+    v = tl.load(v_ptr + head * stride_vh + rows.to(tl.int64)[:, None] * stride_vt + dvs[None, :],
+                mask=row_ok[:, None] & (dvs < dv)[None, :], other=0.0).to(tl.float32)
+    g = tl.load(g_ptr + rows.to(tl.int64) * stride_gt + head, mask=row_ok, other=0.0).to(tl.float32)
+    beta = tl.load(beta_ptr + rows.to(tl.int64) * stride_bt + head, mask=row_ok, other=0.0).to(tl.float32)
+    gcum = tl.cumsum(g, axis=0)
+    idx = tl.arange(0, BT)
+    below = idx[:, None] > idx[None, :]
+    decay = tl.exp(tl.where(below, gcum[:, None] - gcum[None, :], 0.0))
+    kk = tl.dot(k, tl.trans(k), input_precision=PRECISION)
+    a = tl.where(below, kk * decay * beta[:, None], 0.0)
+    # (I + A)^-1 by forward substitution: row i = e_i - A[i, :] @ rows above (A is strictly lower)
+    inv = tl.where(idx[:, None] == idx[None, :], 1.0, 0.0)
+    for i in range(1, BT):
+        a_row = tl.sum(tl.where(idx[:, None] == i, a, 0.0), axis=0)            # A[i, :]
+        new_row = tl.where(idx == i, 1.0, 0.0) - tl.sum(a_row[:, None] * inv, axis=0)
+        inv = tl.where(idx[:, None] == i, new_row[None, :], inv)
+    w = tl.dot(inv, k * (beta * tl.exp(gcum))[:, None], input_precision=PRECISION)
+    u = tl.dot(inv, v * beta[:, None], input_precision=PRECISION)
+    tl.store(w_ptr + head * stride_wh + rows.to(tl.int64)[:, None] * stride_wt + dks[None, :], w,
+             mask=row_ok[:, None] & (dks < dk)[None, :])
+    tl.store(u_ptr + head * stride_uh + rows.to(tl.int64)[:, None] * stride_ut + dvs[None, :], u,
+             mask=row_ok[:, None] & (dvs < dv)[None, :])
+    tl.store(gcum_ptr + rows.to(tl.int64) * stride_ct + head, gcum, mask=row_ok)
+
+
+@triton.jit
+def _gdr_chunk_scan(q_ptr, k_ptr, w_ptr, u_ptr, gcum_ptr, state_ptr, qsl_ptr, slots_ptr, fresh_ptr, out_ptr,
+                    stride_qt, stride_qh, stride_kt, stride_kh, stride_wt, stride_wh, stride_ut, stride_uh, stride_ct,
+                    stride_ot, stride_oh, stride_ss, stride_sh, ratio, dk, dv, scale,
+                    BT: tl.constexpr, BDK: tl.constexpr, BV: tl.constexpr, HAS_STATE: tl.constexpr,
+                    PRECISION: tl.constexpr):
+    seq, head, vblock = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    start, end = tl.load(qsl_ptr + seq), tl.load(qsl_ptr + seq + 1)
+    dks = tl.arange(0, BDK)
+    vcols = vblock * BV + tl.arange(0, BV)
+    dk_ok, v_ok = dks < dk, vcols < dv
+    idx = tl.arange(0, BT)
+    causal = idx[:, None] >= idx[None, :]
+    s = tl.zeros([BDK, BV], dtype=tl.float32)
+    if HAS_STATE:
+        slot = tl.load(slots_ptr + seq).to(tl.int64)
+        keep = 1.0 - tl.load(fresh_ptr + seq).to(tl.float32)
+        s_ptrs = state_ptr + slot * stride_ss + head * stride_sh + dks[:, None] * dv + vcols[None, :]
+        s = tl.load(s_ptrs, mask=dk_ok[:, None] & v_ok[None, :], other=0.0) * keep
+    khead = head // ratio
+    for first in range(start, end, BT):
+        rows = first + idx
+        row_ok = rows < end
+        r64 = rows.to(tl.int64)
+        q = _load_l2(q_ptr + khead * stride_qh, rows, row_ok, stride_qt, dks, dk, scale)
+        k = _load_l2(k_ptr + khead * stride_kh, rows, row_ok, stride_kt, dks, dk, 1.0)
+        w = tl.load(w_ptr + head * stride_wh + r64[:, None] * stride_wt + dks[None, :],
+                    mask=row_ok[:, None] & dk_ok[None, :], other=0.0)
+        u = tl.load(u_ptr + head * stride_uh + r64[:, None] * stride_ut + vcols[None, :],
+                    mask=row_ok[:, None] & v_ok[None, :], other=0.0)
+        gcum = tl.load(gcum_ptr + r64 * stride_ct + head, mask=row_ok, other=0.0)
+        last = tl.sum(tl.where(rows == tl.minimum(first + BT, end) - 1, gcum, 0.0))
+        corrected = u - tl.dot(w, s, input_precision=PRECISION)                      # [BT, BV]
+        scores = tl.dot(q, tl.trans(k), input_precision=PRECISION)
+        scores = tl.where(causal, scores * tl.exp(tl.where(causal, gcum[:, None] - gcum[None, :], 0.0)), 0.0)
+        out = tl.dot(q * tl.exp(gcum)[:, None], s, input_precision=PRECISION)
+        out += tl.dot(scores, corrected, input_precision=PRECISION)
+        tl.store(out_ptr + head * stride_oh + r64[:, None] * stride_ot + vcols[None, :],
+                 out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & v_ok[None, :])
+        carried = k * tl.where(row_ok, tl.exp(last - gcum), 0.0)[:, None]
+        s = s * tl.exp(last) + tl.dot(tl.trans(carried), corrected, input_precision=PRECISION)
+    if HAS_STATE:
+        tl.store(s_ptrs, s, mask=dk_ok[:, None] & v_ok[None, :])
+
+
+def _chunk_map(query_start_loc: torch.Tensor, tokens: int, chunk: int):
+    """Per chunk program (an upper bound of ``tokens // chunk + num_seqs`` of them): its sequence
+    (``num_seqs`` for the spare ones) and its first token, computed on the device."""
+    num_seqs = query_start_loc.shape[0] - 1
+    bound = tokens // chunk + num_seqs
+    lengths = query_start_loc[1:] - query_start_loc[:-1]
+    ends = ((lengths + chunk - 1) // chunk).cumsum(0)                       # chunks up to each sequence
+    ids = torch.arange(bound, device=query_start_loc.device)
+    seq = torch.searchsorted(ends.contiguous(), ids, right=True)
+    safe = seq.clamp(max=max(num_seqs - 1, 0))
+    before = ends[safe] - (lengths[safe] + chunk - 1) // chunk
+    first = query_start_loc[safe] + (ids - before) * chunk
+    return seq.to(torch.int32), first.to(torch.int32), bound
+
+
+def gated_delta_rule_prefill(q, k, v, g, beta, state, query_start_loc, slots, fresh, chunk_size: int = CHUNK):
+    """Same contract as the reference: q, k [T, HK, dk]; v [T, HV, dv]; g, beta [T, HV];
+    state [num_slots, HV, dk, dv] float32 (or None); returns [T, HV, dv] in v's dtype."""
+    tokens, heads, dv = v.shape
+    dk = q.shape[-1]
+    num_seqs = query_start_loc.shape[0] - 1
+    out = torch.empty(tokens, heads, dv, dtype=v.dtype, device=v.device)
+    if num_seqs == 0:
+        return out
+    qsl = query_start_loc.to(torch.int32)
+    slots, fresh8 = _slots_fresh(slots, fresh, num_seqs, v.device)
+    g, beta = g.float().contiguous(), beta.float().contiguous()  # [T, HV], head stride 1
+    precision = "ieee" if v.dtype == torch.float32 else "tf32"
+    bdk, bdv = max(16, triton.next_power_of_2(dk)), max(16, triton.next_power_of_2(dv))
+    ratio = heads // k.shape[1]
+    w = torch.empty(tokens, heads, dk, dtype=torch.float32, device=v.device)
+    u = torch.empty(tokens, heads, dv, dtype=torch.float32, device=v.device)
+    gcum = torch.empty(tokens, heads, dtype=torch.float32, device=v.device)
+    if tokens:
+        chunk_seq, chunk_first, bound = _chunk_map(qsl, tokens, chunk_size)
+        _gdr_chunk_prep[(bound, heads)](
+            k, v, g, beta, qsl, chunk_seq, chunk_first, w, u, gcum, num_seqs,
+            k.stride(0), k.stride(1), v.stride(0), v.stride(1), g.stride(0), beta.stride(0), w.stride(0),
+            w.stride(1), u.stride(0), u.stride(1), gcum.stride(0), ratio, dk, dv,
+            BT=chunk_size, BDK=bdk, BDV=bdv, PRECISION=precision)
+    has_state = state is not None
+    block_v = min(32, bdv)
+    _gdr_chunk_scan[(num_seqs, heads, triton.cdiv(dv, block_v))](
+        q, k, w, u, gcum, state if has_state else w, qsl, slots, fresh8, out,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), w.stride(0), w.stride(1), u.stride(0), u.stride(1),
+        gcum.stride(0), out.stride(0), out.stride(1), state.stride(0) if has_state else 0,
+        state.stride(1) if has_state else 0, ratio, dk, dv, dk ** -0.5,
+        BT=chunk_size, BDK=bdk, BV=block_v, HAS_STATE=has_state, PRECISION=precision)
+    return out
+
+
+def _gdr_supported(q, k, v, g, beta, state, query_start_loc, slots, fresh, chunk_size=CHUNK):
+    return (q.stride(-1) == 1 and k.stride(-1) == 1 and v.stride(-1) == 1 and chunk_size == CHUNK
+            and (state is None or (state.dtype == torch.float32 and state.is_contiguous())))
+
+
+gated_delta_rule_prefill.supports = _gdr_supported
+
+OPS = {"causal_conv1d_prefill": causal_conv1d_prefill, "gated_delta_rule_prefill": gated_delta_rule_prefill}
