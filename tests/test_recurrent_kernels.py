@@ -90,3 +90,23 @@ def test_conv1d_prefill_then_decode_match_transformers():
         torch.testing.assert_close(step, expected[t:t + 1])
     torch.testing.assert_close(state[1], x[length + 2 - (width - 1):length + 2].t())
     assert (state[0] == 9.0).all()
+
+
+def test_chunked_prefill_matches_transformers_chunked_implementations():
+    """Our chunked reference against transformers' own chunked torch implementation (Qwen3-Next's and
+    Qwen3.5's copies): a prompt that is not a multiple of 64, from a non-zero initial state, grouped heads."""
+    from transformers.models.qwen3_5 import modeling_qwen3_5 as hf35  # noqa: PLC0415
+
+    length = 150
+    q, k, v, decay, beta = _inputs(length, seed=11)
+    initial = torch.randn(1, HV, DK, DV, generator=torch.Generator().manual_seed(12)) * 0.5
+    state = torch.zeros(3, HV, DK, DV)
+    state[2] = initial[0]
+    out = runtime.reference("gated_delta_rule_prefill")(q, k, v, decay, beta, state, torch.tensor([0, length]),
+                                                        torch.tensor([2]), torch.tensor([False]), 64)
+    for module in (hf, hf35):
+        expected, final = module.torch_chunk_gated_delta_rule(
+            q[None], k[None], v[None], g=decay[None], beta=beta[None], chunk_size=64, initial_state=initial.clone(),
+            output_final_state=True, use_qk_l2norm_in_kernel=True)
+        torch.testing.assert_close(out, expected[0], atol=2e-5, rtol=1e-4)
+        torch.testing.assert_close(state[2], final[0], atol=2e-5, rtol=1e-4)

@@ -42,9 +42,8 @@ def _conv_prefill_kernel(x_ptr, w_ptr, bias_ptr, state_ptr, qsl_ptr, seq_of_ptr,
     seq = tl.load(seq_of_ptr + rows, mask=row_ok, other=0)
     start = tl.load(qsl_ptr + seq, mask=row_ok, other=0)
     acc = tl.zeros([BLOCK_T, BLOCK_C], dtype=tl.float32)
-    if HAS_STATE:
-        slot = tl.load(slots_ptr + seq, mask=row_ok, other=0).to(tl.int64)
-        keep = 1.0 - tl.load(fresh_ptr + seq, mask=row_ok, other=1).to(tl.float32)
+    slot = tl.load(slots_ptr + seq, mask=row_ok, other=0).to(tl.int64)
+    keep = 1.0 - tl.load(fresh_ptr + seq, mask=row_ok, other=1).to(tl.float32)
     for i in tl.static_range(WIDTH):
         pos = rows - (WIDTH - 1) + i                       # the input this tap reads
         inside = pos >= start
@@ -193,12 +192,13 @@ def _gdr_chunk_scan(q_ptr, k_ptr, w_ptr, u_ptr, gcum_ptr, state_ptr, qsl_ptr, sl
     dk_ok, v_ok = dks < dk, vcols < dv
     idx = tl.arange(0, BT)
     causal = idx[:, None] >= idx[None, :]
-    s = tl.zeros([BDK, BV], dtype=tl.float32)
+    slot = tl.load(slots_ptr + seq).to(tl.int64)
+    keep = 1.0 - tl.load(fresh_ptr + seq).to(tl.float32)
+    s_ptrs = state_ptr + slot * stride_ss + head * stride_sh + dks[:, None] * dv + vcols[None, :]
     if HAS_STATE:
-        slot = tl.load(slots_ptr + seq).to(tl.int64)
-        keep = 1.0 - tl.load(fresh_ptr + seq).to(tl.float32)
-        s_ptrs = state_ptr + slot * stride_ss + head * stride_sh + dks[:, None] * dv + vcols[None, :]
         s = tl.load(s_ptrs, mask=dk_ok[:, None] & v_ok[None, :], other=0.0) * keep
+    else:
+        s = tl.zeros([BDK, BV], dtype=tl.float32)
     khead = head // ratio
     for first in range(start, end, BT):
         rows = first + idx
@@ -264,7 +264,7 @@ def gated_delta_rule_prefill(q, k, v, g, beta, state, query_start_loc, slots, fr
             k, v, g, beta, qsl, chunk_seq, chunk_first, w, u, gcum, num_seqs,
             k.stride(0), k.stride(1), v.stride(0), v.stride(1), g.stride(0), beta.stride(0), w.stride(0),
             w.stride(1), u.stride(0), u.stride(1), gcum.stride(0), ratio, dk, dv,
-            BT=chunk_size, BDK=bdk, BDV=bdv, PRECISION=precision)
+            BT=chunk_size, BDK=bdk, BDV=bdv, PRECISION=precision, num_warps=8)  # [64, 64] and [64, d] tiles
     has_state = state is not None
     block_v = min(32, bdv)
     _gdr_chunk_scan[(num_seqs, heads, triton.cdiv(dv, block_v))](
@@ -272,7 +272,7 @@ def gated_delta_rule_prefill(q, k, v, g, beta, state, query_start_loc, slots, fr
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), w.stride(0), w.stride(1), u.stride(0), u.stride(1),
         gcum.stride(0), out.stride(0), out.stride(1), state.stride(0) if has_state else 0,
         state.stride(1) if has_state else 0, ratio, dk, dv, dk ** -0.5,
-        BT=chunk_size, BDK=bdk, BV=block_v, HAS_STATE=has_state, PRECISION=precision)
+        BT=chunk_size, BDK=bdk, BV=block_v, HAS_STATE=has_state, PRECISION=precision, num_warps=8)
     return out
 
 
