@@ -8,9 +8,9 @@ Chunked gated delta rule (chunks of ``CHUNK`` tokens, counted from each sequence
 value head, with ``G_t`` the within-chunk cumulative sum of ``g`` and ``A`` the strictly lower
 ``A_ts = beta_t exp(G_t - G_s) k_t.k_s``:
 
-1. ``_gdr_chunk_prep`` (one program per chunk and head, all chunks in parallel): ``G``, ``A``, the
-   inverse ``(I + A)^-1`` by forward substitution in registers, then ``w = (I + A)^-1 (beta exp(G) k)``
-   and ``u = (I + A)^-1 (beta v)`` (the WY form: the chunk's corrected values are ``u - w S``).
+1. ``_gdr_chunk_prep`` (one program per chunk and head, all chunks in parallel): ``G``, ``A`` and
+   ``w = (I + A)^-1 (beta exp(G) k)``, ``u = (I + A)^-1 (beta v)`` (the WY form: the chunk's
+   corrected values are ``u - w S``), solved by blocks of 16 rows (see the kernel).
 2. ``_gdr_chunk_scan`` (one program per sequence, head and block of value columns, the chunks of
    the sequence in order): from the state ``S`` (the slot's, or zero when fresh) each chunk gives
    ``v' = u - w S``, ``o = exp(G) q S + (q k^T . exp(G_t - G_s))_{s<=t} v'``,
@@ -140,43 +140,109 @@ def _load_l2(ptr, rows, row_ok, stride_t, dcols, dk, SCALE):
 
 
 @triton.jit
+def _inv_unit_lower16(a):
+    """``(I + a)^-1`` of a strictly lower [16, 16] tile by forward substitution: row i is
+    ``e_i - a[i, :] @ (rows above)`` (a[i, j] is zero for j >= i, so later rows do not contribute)."""
+    idx = tl.arange(0, 16)
+    inv = tl.where(idx[:, None] == idx[None, :], 1.0, 0.0)
+    for i in tl.static_range(1, 16):
+        a_row = tl.sum(tl.where(idx[:, None] == i, a, 0.0), axis=0)
+        new_row = tl.where(idx == i, 1.0, 0.0) - tl.sum(a_row[:, None] * inv, axis=0)
+        inv = tl.where(idx[:, None] == i, new_row[None, :], inv)
+    return inv
+
+
+@triton.jit
+def _a_block(k_i, k_j, gcum_i, gcum_j, beta_i, DIAG: tl.constexpr, PRECISION: tl.constexpr):
+    """Rows i, columns j of ``A`` (16 x 16); block i comes after block j, or is it (DIAG: strictly lower)."""
+    kk = tl.dot(k_i, tl.trans(k_j), input_precision=PRECISION)
+    if DIAG:
+        idx = tl.arange(0, 16)
+        below = idx[:, None] > idx[None, :]
+        return tl.where(below, kk * tl.exp(tl.where(below, gcum_i[:, None] - gcum_j[None, :], 0.0))
+                        * beta_i[:, None], 0.0)
+    return kk * tl.exp(gcum_i[:, None] - gcum_j[None, :]) * beta_i[:, None]
+
+
+@triton.jit
+def _prep_load(kh_ptr, v_ptr, g_ptr, beta_ptr, rows, row_ok, stride_kt, stride_vt, stride_gt, stride_bt, dks, dvs,
+               dk, dv):
+    """One 16-row block of a chunk: normalised k, v, g, beta (fp32, zero past the sequence's end)."""
+    k = _load_l2(kh_ptr, rows, row_ok, stride_kt, dks, dk, 1.0)
+    v = tl.load(v_ptr + rows.to(tl.int64)[:, None] * stride_vt + dvs[None, :],
+                mask=row_ok[:, None] & (dvs < dv)[None, :], other=0.0).to(tl.float32)
+    g = tl.load(g_ptr + rows.to(tl.int64) * stride_gt, mask=row_ok, other=0.0)
+    beta = tl.load(beta_ptr + rows.to(tl.int64) * stride_bt, mask=row_ok, other=0.0)
+    return k, v, g, beta
+
+
+@triton.jit
+def _prep_store(w_ptr, u_ptr, gcum_ptr, w, u, gcum, rows, row_ok, stride_wt, stride_ut, stride_ct, dks, dvs, dk, dv):
+    r64 = rows.to(tl.int64)
+    tl.store(w_ptr + r64[:, None] * stride_wt + dks[None, :], w, mask=row_ok[:, None] & (dks < dk)[None, :])
+    tl.store(u_ptr + r64[:, None] * stride_ut + dvs[None, :], u, mask=row_ok[:, None] & (dvs < dv)[None, :])
+    tl.store(gcum_ptr + r64 * stride_ct, gcum, mask=row_ok)
+
+
+@triton.jit
 def _gdr_chunk_prep(k_ptr, v_ptr, g_ptr, beta_ptr, qsl_ptr, chunk_seq_ptr, chunk_first_ptr, w_ptr, u_ptr, gcum_ptr,
                     num_seqs, stride_kt, stride_kh, stride_vt, stride_vh, stride_gt, stride_bt, stride_wt,
                     stride_wh, stride_ut, stride_uh, stride_ct, ratio, dk, dv,
-                    BT: tl.constexpr, BDK: tl.constexpr, BDV: tl.constexpr, PRECISION: tl.constexpr):
+                    BDK: tl.constexpr, BDV: tl.constexpr, PRECISION: tl.constexpr):
+    """One 64-token chunk of one value head, as four 16-row blocks b: solves ``(I + A) [w | u] =
+    [beta exp(G) k | beta v]`` block by block (W_b = D_b (rhs_b - sum_{c<b} A_bc W_c) with D_b the
+    inverse of the diagonal block), so only 16 x 16 tiles are substituted row by row."""
     chunk, head = tl.program_id(0), tl.program_id(1)
     seq = tl.load(chunk_seq_ptr + chunk)
     if seq >= num_seqs:  # the grid is an upper bound on the number of chunks
         return
     end = tl.load(qsl_ptr + seq + 1)
     first = tl.load(chunk_first_ptr + chunk)
-    rows = first + tl.arange(0, BT)
-    row_ok = rows < end
     dks, dvs = tl.arange(0, BDK), tl.arange(0, BDV)
-    k = _load_l2(k_ptr + (head // ratio) * stride_kh, rows, row_ok, stride_kt, dks, dk, 1.0)
-    v = tl.load(v_ptr + head * stride_vh + rows.to(tl.int64)[:, None] * stride_vt + dvs[None, :],
-                mask=row_ok[:, None] & (dvs < dv)[None, :], other=0.0).to(tl.float32)
-    g = tl.load(g_ptr + rows.to(tl.int64) * stride_gt + head, mask=row_ok, other=0.0).to(tl.float32)
-    beta = tl.load(beta_ptr + rows.to(tl.int64) * stride_bt + head, mask=row_ok, other=0.0).to(tl.float32)
-    gcum = tl.cumsum(g, axis=0)
-    idx = tl.arange(0, BT)
-    below = idx[:, None] > idx[None, :]
-    decay = tl.exp(tl.where(below, gcum[:, None] - gcum[None, :], 0.0))
-    kk = tl.dot(k, tl.trans(k), input_precision=PRECISION)
-    a = tl.where(below, kk * decay * beta[:, None], 0.0)
-    # (I + A)^-1 by forward substitution: row i = e_i - A[i, :] @ rows above (A is strictly lower)
-    inv = tl.where(idx[:, None] == idx[None, :], 1.0, 0.0)
-    for i in range(1, BT):
-        a_row = tl.sum(tl.where(idx[:, None] == i, a, 0.0), axis=0)            # A[i, :]
-        new_row = tl.where(idx == i, 1.0, 0.0) - tl.sum(a_row[:, None] * inv, axis=0)
-        inv = tl.where(idx[:, None] == i, new_row[None, :], inv)
-    w = tl.dot(inv, k * (beta * tl.exp(gcum))[:, None], input_precision=PRECISION)
-    u = tl.dot(inv, v * beta[:, None], input_precision=PRECISION)
-    tl.store(w_ptr + head * stride_wh + rows.to(tl.int64)[:, None] * stride_wt + dks[None, :], w,
-             mask=row_ok[:, None] & (dks < dk)[None, :])
-    tl.store(u_ptr + head * stride_uh + rows.to(tl.int64)[:, None] * stride_ut + dvs[None, :], u,
-             mask=row_ok[:, None] & (dvs < dv)[None, :])
-    tl.store(gcum_ptr + rows.to(tl.int64) * stride_ct + head, gcum, mask=row_ok)
+    kh, vh = k_ptr + (head // ratio) * stride_kh, v_ptr + head * stride_vh
+    gh, bh = g_ptr + head, beta_ptr + head
+    r0 = first + tl.arange(0, 16)
+    r1, r2, r3 = r0 + 16, r0 + 32, r0 + 48
+    k0, v0, g0, b0 = _prep_load(kh, vh, gh, bh, r0, r0 < end, stride_kt, stride_vt, stride_gt, stride_bt, dks, dvs, dk, dv)
+    k1, v1, g1, b1 = _prep_load(kh, vh, gh, bh, r1, r1 < end, stride_kt, stride_vt, stride_gt, stride_bt, dks, dvs, dk, dv)
+    k2, v2, g2, b2 = _prep_load(kh, vh, gh, bh, r2, r2 < end, stride_kt, stride_vt, stride_gt, stride_bt, dks, dvs, dk, dv)
+    k3, v3, g3, b3 = _prep_load(kh, vh, gh, bh, r3, r3 < end, stride_kt, stride_vt, stride_gt, stride_bt, dks, dvs, dk, dv)
+    # G: the cumulative sum of g from the chunk's first token
+    c0 = tl.cumsum(g0, axis=0)
+    c1 = tl.cumsum(g1, axis=0) + tl.sum(g0)
+    c2 = tl.cumsum(g2, axis=0) + (tl.sum(g0) + tl.sum(g1))
+    c3 = tl.cumsum(g3, axis=0) + (tl.sum(g0) + tl.sum(g1) + tl.sum(g2))
+    a10 = _a_block(k1, k0, c1, c0, b1, False, PRECISION)
+    a20 = _a_block(k2, k0, c2, c0, b2, False, PRECISION)
+    a21 = _a_block(k2, k1, c2, c1, b2, False, PRECISION)
+    a30 = _a_block(k3, k0, c3, c0, b3, False, PRECISION)
+    a31 = _a_block(k3, k1, c3, c1, b3, False, PRECISION)
+    a32 = _a_block(k3, k2, c3, c2, b3, False, PRECISION)
+    d0 = _inv_unit_lower16(_a_block(k0, k0, c0, c0, b0, True, PRECISION))
+    d1 = _inv_unit_lower16(_a_block(k1, k1, c1, c1, b1, True, PRECISION))
+    d2 = _inv_unit_lower16(_a_block(k2, k2, c2, c2, b2, True, PRECISION))
+    d3 = _inv_unit_lower16(_a_block(k3, k3, c3, c3, b3, True, PRECISION))
+    # right-hand sides: beta exp(G) k and beta v
+    w0 = tl.dot(d0, k0 * (b0 * tl.exp(c0))[:, None], input_precision=PRECISION)
+    u0 = tl.dot(d0, v0 * b0[:, None], input_precision=PRECISION)
+    w1 = tl.dot(d1, k1 * (b1 * tl.exp(c1))[:, None] - tl.dot(a10, w0, input_precision=PRECISION),
+                input_precision=PRECISION)
+    u1 = tl.dot(d1, v1 * b1[:, None] - tl.dot(a10, u0, input_precision=PRECISION), input_precision=PRECISION)
+    w2 = tl.dot(d2, k2 * (b2 * tl.exp(c2))[:, None] - tl.dot(a20, w0, input_precision=PRECISION)
+                - tl.dot(a21, w1, input_precision=PRECISION), input_precision=PRECISION)
+    u2 = tl.dot(d2, v2 * b2[:, None] - tl.dot(a20, u0, input_precision=PRECISION)
+                - tl.dot(a21, u1, input_precision=PRECISION), input_precision=PRECISION)
+    w3 = tl.dot(d3, k3 * (b3 * tl.exp(c3))[:, None] - tl.dot(a30, w0, input_precision=PRECISION)
+                - tl.dot(a31, w1, input_precision=PRECISION) - tl.dot(a32, w2, input_precision=PRECISION),
+                input_precision=PRECISION)
+    u3 = tl.dot(d3, v3 * b3[:, None] - tl.dot(a30, u0, input_precision=PRECISION)
+                - tl.dot(a31, u1, input_precision=PRECISION) - tl.dot(a32, u2, input_precision=PRECISION),
+                input_precision=PRECISION)
+    wh, uh, ch = w_ptr + head * stride_wh, u_ptr + head * stride_uh, gcum_ptr + head
+    _prep_store(wh, uh, ch, w0, u0, c0, r0, r0 < end, stride_wt, stride_ut, stride_ct, dks, dvs, dk, dv)
+    _prep_store(wh, uh, ch, w1, u1, c1, r1, r1 < end, stride_wt, stride_ut, stride_ct, dks, dvs, dk, dv)
+    _prep_store(wh, uh, ch, w2, u2, c2, r2, r2 < end, stride_wt, stride_ut, stride_ct, dks, dvs, dk, dv)
+    _prep_store(wh, uh, ch, w3, u3, c3, r3, r3 < end, stride_wt, stride_ut, stride_ct, dks, dvs, dk, dv)
 
 
 @triton.jit
@@ -243,6 +309,8 @@ def _chunk_map(query_start_loc: torch.Tensor, tokens: int, chunk: int):
 def gated_delta_rule_prefill(q, k, v, g, beta, state, query_start_loc, slots, fresh, chunk_size: int = CHUNK):
     """Same contract as the reference: q, k [T, HK, dk]; v [T, HV, dv]; g, beta [T, HV];
     state [num_slots, HV, dk, dv] float32 (or None); returns [T, HV, dv] in v's dtype."""
+    if chunk_size != CHUNK:  # the chunk kernel is written for four 16-row blocks
+        raise ValueError(f"the Triton chunked gated delta rule uses chunks of {CHUNK}, not {chunk_size}")
     tokens, heads, dv = v.shape
     dk = q.shape[-1]
     num_seqs = query_start_loc.shape[0] - 1
@@ -264,7 +332,7 @@ def gated_delta_rule_prefill(q, k, v, g, beta, state, query_start_loc, slots, fr
             k, v, g, beta, qsl, chunk_seq, chunk_first, w, u, gcum, num_seqs,
             k.stride(0), k.stride(1), v.stride(0), v.stride(1), g.stride(0), beta.stride(0), w.stride(0),
             w.stride(1), u.stride(0), u.stride(1), gcum.stride(0), ratio, dk, dv,
-            BT=chunk_size, BDK=bdk, BDV=bdv, PRECISION=precision, num_warps=8)  # [64, 64] and [64, d] tiles
+            BDK=bdk, BDV=bdv, PRECISION=precision, num_warps=8)
     has_state = state is not None
     block_v = min(32, bdv)
     _gdr_chunk_scan[(num_seqs, heads, triton.cdiv(dv, block_v))](
