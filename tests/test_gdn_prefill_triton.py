@@ -81,7 +81,7 @@ def _gdr_inputs(lengths, hk, hv, dk, dv, seed):
     return q, k, v, decay, beta
 
 
-@pytest.mark.parametrize("heads", [(1, 2, 16, 24), (2, 2, 16, 16)])
+@pytest.mark.parametrize("heads", [(1, 2, 16, 24), (2, 4, 8, 12)])
 def test_chunked_gated_delta_rule_kernel_matches_reference(heads):
     """Varlen batch crossing a 64-token chunk boundary, with non-zero initial states, a fresh slot
     (old content ignored), grouped heads and a value width that is not a power of two."""
@@ -114,3 +114,61 @@ def test_chunked_gated_delta_rule_kernel_resumes_and_runs_without_state():
                                          torch.tensor([False]))
     torch.testing.assert_close(torch.cat((first, second)), whole, atol=2e-5, rtol=1e-4)
     assert (state[0] == 7.0).all()
+
+
+@pytest.fixture
+def private_runtime(monkeypatch):
+    """The kernel runtime with registrations that end with the test."""
+    from toolkit.kernels import runtime  # noqa: PLC0415
+
+    runtime.candidates("gated_delta_rule_prefill", "cpu")  # the registry is loaded before it is copied
+    monkeypatch.setattr(runtime, "_OPS", {name: list(impls) for name, impls in runtime._OPS.items()})
+    monkeypatch.setattr(runtime, "_CANDIDATES", {})
+    return runtime
+
+
+def test_layer_prefill_through_the_kernels_matches_references(private_runtime):
+    """A Gated DeltaNet layer's prefill of one packed step (a fresh prompt crossing a chunk boundary,
+    one continuing a chunked prefill from its slot's states, a one-token continuation) through the
+    kernels (registered for CPU here) equals the same step through the torch references: outputs and
+    both states."""
+    from types import SimpleNamespace  # noqa: PLC0415
+
+    from toolkit.core.layers import AttentionMetadata  # noqa: PLC0415
+    from toolkit.core.parallel import ParallelContext  # noqa: PLC0415
+    from toolkit.plugins.models.gated_deltanet import GatedDeltaNet  # noqa: PLC0415
+    from toolkit.plugins.quant.unquantized import UnquantizedScheme  # noqa: PLC0415
+
+    config = SimpleNamespace(hidden_size=32, rms_norm_eps=1e-6, linear_num_key_heads=2, linear_num_value_heads=4,
+                             linear_key_head_dim=16, linear_value_head_dim=16, linear_conv_kernel_dim=4)
+    layer = GatedDeltaNet(config, quant=UnquantizedScheme(torch.float32), parallel=ParallelContext(0, 1), prefix="l")
+    gen = torch.Generator().manual_seed(5)
+    with torch.no_grad():
+        for param in layer.parameters():
+            param.copy_(torch.randn(param.shape, generator=gen) * 0.3)
+    lengths, done_before = [66, 9, 1], [0, 40, 7]
+    starts = torch.tensor([0, *lengths]).cumsum(0).to(torch.int32)
+    attn = AttentionMetadata(starts, torch.tensor(lengths) + torch.tensor(done_before), max_query_len=66,
+                             max_seq_len=66, state_slots=torch.tensor([2, 0, 3]))
+    hidden = torch.randn(sum(lengths), 32, generator=gen)
+    shapes = layer.state.resolved_shapes(torch.float32)
+    initial = {name: torch.randn((4, *shape), generator=gen) * 0.5 for name, (shape, _) in shapes.items()}
+
+    def prefill():
+        layer.state.tensors = {name: t.clone() for name, t in initial.items()}
+        with torch.no_grad():
+            return layer(hidden, attn), layer.state.tensors
+
+    expected, expected_states = prefill()
+    calls = []
+    for name, fn in tp.OPS.items():
+        def counted(*args, _fn=fn, _name=name, **kwargs):
+            calls.append(_name)
+            return _fn(*args, **kwargs)
+        private_runtime.register(name, counted, device="cpu", priority=100, owner="test")
+    out, states = prefill()
+    assert sorted(calls) == sorted(tp.OPS)  # each kernel ran once
+    torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-4)
+    for name in initial:
+        torch.testing.assert_close(states[name], expected_states[name], atol=1e-5, rtol=1e-4)
+    assert not torch.equal(states["ssm"][2], initial["ssm"][2]) and torch.equal(states["ssm"][1], initial["ssm"][1])
