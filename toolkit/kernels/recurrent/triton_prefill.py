@@ -88,7 +88,7 @@ def _conv_state_kernel(x_ptr, state_ptr, qsl_ptr, slots_ptr, fresh_ptr, channels
 
 
 def _seq_of_tokens(query_start_loc: torch.Tensor, tokens: int) -> torch.Tensor:
-    positions = torch.arange(tokens, device=query_start_loc.device)
+    positions = torch.arange(tokens, device=query_start_loc.device, dtype=query_start_loc.dtype)
     return torch.searchsorted(query_start_loc[1:].contiguous(), positions, right=True).to(torch.int32)
 
 
@@ -298,7 +298,7 @@ def _chunk_map(query_start_loc: torch.Tensor, tokens: int, chunk: int):
     bound = tokens // chunk + num_seqs
     lengths = query_start_loc[1:] - query_start_loc[:-1]
     ends = ((lengths + chunk - 1) // chunk).cumsum(0)                       # chunks up to each sequence
-    ids = torch.arange(bound, device=query_start_loc.device)
+    ids = torch.arange(bound, device=query_start_loc.device, dtype=ends.dtype)
     seq = torch.searchsorted(ends.contiguous(), ids, right=True)
     safe = seq.clamp(max=max(num_seqs - 1, 0))
     before = ends[safe] - (lengths[safe] + chunk - 1) // chunk
