@@ -34,6 +34,7 @@ def test_conv1d_prefill_kernel_matches_reference(dtype, lengths):
     weight = torch.randn(channels, width, generator=g).to("cuda", dtype)
     slots, fresh = _slots(len(lengths))
     state_ref = torch.randn(len(lengths) + 3, channels, width - 1, generator=g).to("cuda", dtype)
+    state_ref[slots[fresh]] = float("nan")  # fresh slots' old content is never read
     state_tri = state_ref.clone()
     args = (_bounds(lengths), slots, fresh)
     impl = runtime.resolve("causal_conv1d_prefill", x, weight, None, state_tri, *args)
@@ -63,6 +64,7 @@ def test_chunked_gated_delta_rule_kernel_matches_reference(shape, dtype):
     slots, fresh = _slots(len(LENGTHS))
     g = torch.Generator().manual_seed(2)
     state_ref = (torch.randn(len(LENGTHS) + 3, hv, dk, dv, generator=g) * 0.2).to("cuda")
+    state_ref[slots[fresh]] = float("nan")  # fresh slots' old content is never read
     state_tri = state_ref.clone()
     args = (_bounds(LENGTHS), slots, fresh, 64)
     impl = runtime.resolve("gated_delta_rule_prefill", q, k, v, decay, beta, state_tri, *args)

@@ -56,6 +56,8 @@ def test_conv1d_prefill_kernel_matches_reference(with_state):
     slots = torch.tensor([4, 0, 2, 5, 1])
     fresh = torch.tensor([False, True, False, True, False])
     state = torch.randn(6, channels, width - 1, generator=g) if with_state else None
+    if with_state:
+        state[slots[fresh]] = float("nan")  # fresh slots' old content is never read
     state_ref = state.clone() if with_state else None
     for b in (None, bias):
         expected = ref.causal_conv1d_prefill(x, weight, b, state_ref.clone() if with_state else None,
@@ -84,11 +86,12 @@ def _gdr_inputs(lengths, hk, hv, dk, dv, seed):
 @pytest.mark.parametrize("heads", [(1, 2, 16, 24), (2, 4, 8, 12)])
 def test_chunked_gated_delta_rule_kernel_matches_reference(heads):
     """Varlen batch crossing a 64-token chunk boundary, with non-zero initial states, a fresh slot
-    (old content ignored), grouped heads and a value width that is not a power of two."""
+    (old content, NaN here, ignored), grouped heads, head widths padded to powers of two >= 16."""
     hk, hv, dk, dv = heads
     lengths = [67, 1, 3]
     q, k, v, decay, beta = _gdr_inputs(lengths, hk, hv, dk, dv, seed=1)
     state = torch.randn(5, hv, dk, dv, generator=torch.Generator().manual_seed(2)) * 0.3
+    state[0] = float("nan")  # the fresh sequence's slot: its old content is never read
     state_ref = state.clone()
     slots, fresh = torch.tensor([3, 0, 4]), torch.tensor([False, True, False])
     expected = ref.gated_delta_rule_prefill(q, k, v, decay, beta, state_ref, _bounds(lengths), slots, fresh)

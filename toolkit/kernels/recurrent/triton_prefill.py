@@ -43,7 +43,7 @@ def _conv_prefill_kernel(x_ptr, w_ptr, bias_ptr, state_ptr, qsl_ptr, seq_of_ptr,
     start = tl.load(qsl_ptr + seq, mask=row_ok, other=0)
     acc = tl.zeros([BLOCK_T, BLOCK_C], dtype=tl.float32)
     slot = tl.load(slots_ptr + seq, mask=row_ok, other=0).to(tl.int64)
-    keep = 1.0 - tl.load(fresh_ptr + seq, mask=row_ok, other=1).to(tl.float32)
+    keep = tl.load(fresh_ptr + seq, mask=row_ok, other=1) == 0  # a fresh slot's old content is never read
     for i in tl.static_range(WIDTH):
         pos = rows - (WIDTH - 1) + i                       # the input this tap reads
         inside = pos >= start
@@ -52,8 +52,8 @@ def _conv_prefill_kernel(x_ptr, w_ptr, bias_ptr, state_ptr, qsl_ptr, seq_of_ptr,
         if HAS_STATE:  # before the sequence's first token: the slot's window (zero when fresh)
             back = (WIDTH - 1) + pos - start
             sv = tl.load(state_ptr + slot[:, None] * stride_state_slot + cols[None, :] * (WIDTH - 1) + back[:, None],
-                         mask=(row_ok & ~inside)[:, None] & col_ok[None, :], other=0.0).to(tl.float32)
-            xv += sv * keep[:, None]
+                         mask=(row_ok & ~inside & keep)[:, None] & col_ok[None, :], other=0.0).to(tl.float32)
+            xv += sv
         acc += xv * tl.load(w_ptr + cols * WIDTH + i, mask=col_ok, other=0.0).to(tl.float32)[None, :]
     if HAS_BIAS:
         acc += tl.load(bias_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
@@ -75,14 +75,14 @@ def _conv_state_kernel(x_ptr, state_ptr, qsl_ptr, slots_ptr, fresh_ptr, channels
     tap_ok = taps < WIDTH - 1
     start, end = tl.load(qsl_ptr + seq), tl.load(qsl_ptr + seq + 1)
     slot = tl.load(slots_ptr + seq).to(tl.int64)
-    keep = 1.0 - tl.load(fresh_ptr + seq).to(tl.float32)
+    keep = tl.load(fresh_ptr + seq + 0 * taps) == 0  # (a vector: scalar masks upset the interpreter)
     pos = end - (WIDTH - 1) + taps
     inside = pos >= start
     ok = col_ok[:, None] & tap_ok[None, :]
     xv = tl.load(x_ptr + pos.to(tl.int64)[None, :] * stride_x + cols[:, None], mask=ok & inside[None, :], other=0.0)
     window = state_ptr + slot * stride_state_slot + cols[:, None] * (WIDTH - 1)
-    old = tl.load(window + ((WIDTH - 1) + pos - start)[None, :], mask=ok & ~inside[None, :], other=0.0)
-    new = xv.to(tl.float32) + old.to(tl.float32) * keep
+    old = tl.load(window + ((WIDTH - 1) + pos - start)[None, :], mask=ok & (~inside & keep)[None, :], other=0.0)
+    new = xv.to(tl.float32) + old.to(tl.float32)
     tl.debug_barrier()  # all of this program's reads of the old window happen before its writes
     tl.store(window + taps[None, :], new.to(state_ptr.dtype.element_ty), mask=ok)
 
@@ -259,10 +259,10 @@ def _gdr_chunk_scan(q_ptr, k_ptr, w_ptr, u_ptr, gcum_ptr, state_ptr, qsl_ptr, sl
     idx = tl.arange(0, BT)
     causal = idx[:, None] >= idx[None, :]
     slot = tl.load(slots_ptr + seq).to(tl.int64)
-    keep = 1.0 - tl.load(fresh_ptr + seq).to(tl.float32)
+    keep = tl.load(fresh_ptr + seq + 0 * vcols) == 0  # (a vector: scalar masks upset the interpreter)
     s_ptrs = state_ptr + slot * stride_ss + head * stride_sh + dks[:, None] * dv + vcols[None, :]
     if HAS_STATE:
-        s = tl.load(s_ptrs, mask=dk_ok[:, None] & v_ok[None, :], other=0.0) * keep
+        s = tl.load(s_ptrs, mask=dk_ok[:, None] & (v_ok & keep)[None, :], other=0.0)
     else:
         s = tl.zeros([BDK, BV], dtype=tl.float32)
     khead = head // ratio
