@@ -154,8 +154,9 @@ def main():
                     with references_only():
                         ref_layer = timed(lambda: layer(hidden, attn), device, args.repeats)
                         ref_ops = timed(lambda: run_ops(layer, inputs, attn), device, args.repeats)
-                    print(f"{label}  layer: triton {tokens / fast_layer:9.0f} tok/s  torch ref {tokens / ref_layer:9.0f}"
-                          f" tok/s  x{ref_layer / fast_layer:.1f}  | conv+GDR ops: triton {tokens / fast_ops:9.0f}"
+                    print(f"{label}  layer: triton {tokens / fast_layer:9.0f} tok/s  torch ref "
+                          f"{tokens / ref_layer:9.0f} tok/s  x{ref_layer / fast_layer:.1f}  | "
+                          f"conv+GDR ops: triton {tokens / fast_ops:9.0f}"
                           f"  torch ref {tokens / ref_ops:9.0f}  x{ref_ops / fast_ops:.1f}")
                 else:
                     chunked = timed(lambda: run_gdr(layer, inputs, attn), device, args.repeats)

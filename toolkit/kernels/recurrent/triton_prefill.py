@@ -27,6 +27,13 @@ import triton.language as tl
 
 CHUNK = 64
 L2_EPS = 1e-6
+# Launch shapes of the chunked gated delta rule, chosen from ptxas' counts for sm_90 (Triton 3.6)
+# at Qwen3.5's 128-wide heads, bf16 model (tf32 dots), not yet timed on a GPU: 8 warps spill least
+# (prep 255 registers + 832 B stack, scan 255 + 2576 B); one stage keeps the scan at 90 KB of shared
+# memory (3 stages need 200+ KB, past what fp32 tiles leave on an H100).
+PREP_WARPS, SCAN_WARPS, SCAN_STAGES, SCAN_BLOCK_V = 8, 8, 1, 32
+# the conv over prompts: 8 x 128 tiles take 128 registers a thread on sm_90 (16 x 128: 251)
+CONV_BLOCK_T, CONV_BLOCK_C, CONV_STATE_BLOCK_C = 8, 128, 64
 
 
 # ---- causal depthwise conv1d over prompts --------------------------------------------------------
@@ -112,17 +119,16 @@ def causal_conv1d_prefill(x, weight, bias, state, query_start_loc, slots, fresh,
     slots, fresh8 = _slots_fresh(slots, fresh, num_seqs, x.device)
     has_state = state is not None
     state_arg = state if has_state else out  # never read when HAS_STATE is off
-    block_t, block_c = 16, 128
     if tokens:
-        _conv_prefill_kernel[(triton.cdiv(tokens, block_t), triton.cdiv(channels, block_c))](
+        _conv_prefill_kernel[(triton.cdiv(tokens, CONV_BLOCK_T), triton.cdiv(channels, CONV_BLOCK_C))](
             x, weight, bias if bias is not None else weight, state_arg, qsl, _seq_of_tokens(qsl, tokens), slots, fresh8,
             out, tokens, channels, x.stride(0), state.stride(0) if has_state else 0, out.stride(0),
-            WIDTH=width, BLOCK_T=block_t, BLOCK_C=block_c, HAS_STATE=has_state, HAS_BIAS=bias is not None,
+            WIDTH=width, BLOCK_T=CONV_BLOCK_T, BLOCK_C=CONV_BLOCK_C, HAS_STATE=has_state, HAS_BIAS=bias is not None,
             ACTIVATION=activation)
     if has_state and num_seqs:
-        _conv_state_kernel[(num_seqs, triton.cdiv(channels, 64))](
+        _conv_state_kernel[(num_seqs, triton.cdiv(channels, CONV_STATE_BLOCK_C))](
             x, state, qsl, slots, fresh8, channels, x.stride(0), state.stride(0),
-            WIDTH=width, BLOCK_C=64, BLOCK_W=triton.next_power_of_2(width - 1))
+            WIDTH=width, BLOCK_C=CONV_STATE_BLOCK_C, BLOCK_W=triton.next_power_of_2(width - 1))
     return out
 
 
@@ -131,10 +137,22 @@ causal_conv1d_prefill.supports = lambda x, weight, bias, state, *a, **k: (
 
 
 # ---- chunked gated delta rule ------------------------------------------------------------------------
+# Tiles are addressed from a per-chunk scalar base pointer (int64) plus int32 offsets within the
+# chunk: 64-bit offset tiles would cost two registers per element. Everything is fp32 inside, the
+# dots at PRECISION: "tf32x3" for fp32 models (three tensor-core products, about fp32's accuracy;
+# "ieee" FMA dots spill three times as much), "tf32" for 16-bit ones. bf16 dot operands (as some
+# implementations use; faster, half the shared memory) put ~1% error on the state after 200
+# tokens against the fp32 reference in the interpreter's emulation, so they are not used until a
+# GPU session weighs that against the speed.
 @triton.jit
-def _load_l2(ptr, rows, row_ok, stride_t, dcols, dk, SCALE):
-    """[BT, BDK] rows of a q/k head, L2-normalised in fp32 (padding rows and columns are zero)."""
-    x = tl.load(ptr + rows.to(tl.int64)[:, None] * stride_t + dcols[None, :],
+def _mm(a, b, PRECISION: tl.constexpr):
+    return tl.dot(a, b, input_precision=PRECISION)
+
+
+@triton.jit
+def _load_l2(base, offs, row_ok, stride_t, dcols, dk, SCALE):
+    """[rows, BDK] of a q/k head, L2-normalised in fp32 (padding rows and columns are zero)."""
+    x = tl.load(base + offs[:, None] * stride_t + dcols[None, :],
                 mask=row_ok[:, None] & (dcols < dk)[None, :], other=0.0).to(tl.float32)
     return x * (tl.rsqrt(tl.sum(x * x, axis=1) + 1e-6) * SCALE)[:, None]
 
@@ -155,7 +173,7 @@ def _inv_unit_lower16(a):
 @triton.jit
 def _a_block(k_i, k_j, gcum_i, gcum_j, beta_i, DIAG: tl.constexpr, PRECISION: tl.constexpr):
     """Rows i, columns j of ``A`` (16 x 16); block i comes after block j, or is it (DIAG: strictly lower)."""
-    kk = tl.dot(k_i, tl.trans(k_j), input_precision=PRECISION)
+    kk = _mm(k_i, tl.trans(k_j), PRECISION)
     if DIAG:
         idx = tl.arange(0, 16)
         below = idx[:, None] > idx[None, :]
@@ -165,53 +183,62 @@ def _a_block(k_i, k_j, gcum_i, gcum_j, beta_i, DIAG: tl.constexpr, PRECISION: tl
 
 
 @triton.jit
-def _prep_load(kh_ptr, v_ptr, g_ptr, beta_ptr, rows, row_ok, stride_kt, stride_vt, stride_gt, stride_bt, dks, dvs,
-               dk, dv):
-    """One 16-row block of a chunk: normalised k, v, g, beta (fp32, zero past the sequence's end)."""
-    k = _load_l2(kh_ptr, rows, row_ok, stride_kt, dks, dk, 1.0)
-    v = tl.load(v_ptr + rows.to(tl.int64)[:, None] * stride_vt + dvs[None, :],
-                mask=row_ok[:, None] & (dvs < dv)[None, :], other=0.0).to(tl.float32)
-    g = tl.load(g_ptr + rows.to(tl.int64) * stride_gt, mask=row_ok, other=0.0)
-    beta = tl.load(beta_ptr + rows.to(tl.int64) * stride_bt, mask=row_ok, other=0.0)
-    return k, v, g, beta
+def _load_rows(base, offs, row_ok, stride_t, cols, width):
+    return tl.load(base + offs[:, None] * stride_t + cols[None, :], mask=row_ok[:, None] & (cols < width)[None, :],
+                   other=0.0).to(tl.float32)
 
 
 @triton.jit
-def _prep_store(w_ptr, u_ptr, gcum_ptr, w, u, gcum, rows, row_ok, stride_wt, stride_ut, stride_ct, dks, dvs, dk, dv):
-    r64 = rows.to(tl.int64)
-    tl.store(w_ptr + r64[:, None] * stride_wt + dks[None, :], w, mask=row_ok[:, None] & (dks < dk)[None, :])
-    tl.store(u_ptr + r64[:, None] * stride_ut + dvs[None, :], u, mask=row_ok[:, None] & (dvs < dv)[None, :])
-    tl.store(gcum_ptr + r64 * stride_ct, gcum, mask=row_ok)
+def _store_rows(base, offs, row_ok, stride_t, cols, width, x):
+    tl.store(base + offs[:, None] * stride_t + cols[None, :], x.to(base.dtype.element_ty),
+             mask=row_ok[:, None] & (cols < width)[None, :])
 
 
 @triton.jit
 def _gdr_chunk_prep(k_ptr, v_ptr, g_ptr, beta_ptr, qsl_ptr, chunk_seq_ptr, chunk_first_ptr, w_ptr, u_ptr, gcum_ptr,
-                    num_seqs, stride_kt, stride_kh, stride_vt, stride_vh, stride_gt, stride_bt, stride_wt,
-                    stride_wh, stride_ut, stride_uh, stride_ct, ratio, dk, dv,
+                    num_seqs, stride_kt, stride_kh, stride_vt, stride_vh, stride_gt, stride_wt,
+                    stride_wh, stride_ut, stride_uh, ratio, dk, dv,
                     BDK: tl.constexpr, BDV: tl.constexpr, PRECISION: tl.constexpr):
     """One 64-token chunk of one value head, as four 16-row blocks b: solves ``(I + A) [w | u] =
     [beta exp(G) k | beta v]`` block by block (W_b = D_b (rhs_b - sum_{c<b} A_bc W_c) with D_b the
-    inverse of the diagonal block), so only 16 x 16 tiles are substituted row by row."""
+    inverse of the diagonal block), so only 16 x 16 tiles are substituted row by row. g and beta
+    are [T, HV] float32 (row stride ``stride_gt``); gcum has their layout."""
     chunk, head = tl.program_id(0), tl.program_id(1)
     seq = tl.load(chunk_seq_ptr + chunk)
     if seq >= num_seqs:  # the grid is an upper bound on the number of chunks
         return
-    end = tl.load(qsl_ptr + seq + 1)
     first = tl.load(chunk_first_ptr + chunk)
+    rows_left = tl.load(qsl_ptr + seq + 1) - first
+    row0 = first.to(tl.int64)
     dks, dvs = tl.arange(0, BDK), tl.arange(0, BDV)
-    kh, vh = k_ptr + (head // ratio) * stride_kh, v_ptr + head * stride_vh
-    gh, bh = g_ptr + head, beta_ptr + head
-    r0 = first + tl.arange(0, 16)
-    r1, r2, r3 = r0 + 16, r0 + 32, r0 + 48
-    k0, v0, g0, b0 = _prep_load(kh, vh, gh, bh, r0, r0 < end, stride_kt, stride_vt, stride_gt, stride_bt, dks, dvs, dk, dv)
-    k1, v1, g1, b1 = _prep_load(kh, vh, gh, bh, r1, r1 < end, stride_kt, stride_vt, stride_gt, stride_bt, dks, dvs, dk, dv)
-    k2, v2, g2, b2 = _prep_load(kh, vh, gh, bh, r2, r2 < end, stride_kt, stride_vt, stride_gt, stride_bt, dks, dvs, dk, dv)
-    k3, v3, g3, b3 = _prep_load(kh, vh, gh, bh, r3, r3 < end, stride_kt, stride_vt, stride_gt, stride_bt, dks, dvs, dk, dv)
+    kb = k_ptr + row0 * stride_kt + (head // ratio) * stride_kh
+    vb = v_ptr + row0 * stride_vt + head * stride_vh
+    gb, bb, cb = g_ptr + row0 * stride_gt + head, beta_ptr + row0 * stride_gt + head, gcum_ptr + row0 * stride_gt + head
+    wb, ub = w_ptr + row0 * stride_wt + head * stride_wh, u_ptr + row0 * stride_ut + head * stride_uh
+    o0 = tl.arange(0, 16)
+    o1, o2, o3 = o0 + 16, o0 + 32, o0 + 48
+    m0, m1, m2, m3 = o0 < rows_left, o1 < rows_left, o2 < rows_left, o3 < rows_left
+    g0 = tl.load(gb + o0 * stride_gt, mask=m0, other=0.0)
+    g1 = tl.load(gb + o1 * stride_gt, mask=m1, other=0.0)
+    g2 = tl.load(gb + o2 * stride_gt, mask=m2, other=0.0)
+    g3 = tl.load(gb + o3 * stride_gt, mask=m3, other=0.0)
+    b0 = tl.load(bb + o0 * stride_gt, mask=m0, other=0.0)
+    b1 = tl.load(bb + o1 * stride_gt, mask=m1, other=0.0)
+    b2 = tl.load(bb + o2 * stride_gt, mask=m2, other=0.0)
+    b3 = tl.load(bb + o3 * stride_gt, mask=m3, other=0.0)
     # G: the cumulative sum of g from the chunk's first token
     c0 = tl.cumsum(g0, axis=0)
     c1 = tl.cumsum(g1, axis=0) + tl.sum(g0)
     c2 = tl.cumsum(g2, axis=0) + (tl.sum(g0) + tl.sum(g1))
     c3 = tl.cumsum(g3, axis=0) + (tl.sum(g0) + tl.sum(g1) + tl.sum(g2))
+    tl.store(cb + o0 * stride_gt, c0, mask=m0)
+    tl.store(cb + o1 * stride_gt, c1, mask=m1)
+    tl.store(cb + o2 * stride_gt, c2, mask=m2)
+    tl.store(cb + o3 * stride_gt, c3, mask=m3)
+    k0 = _load_l2(kb, o0, m0, stride_kt, dks, dk, 1.0)
+    k1 = _load_l2(kb, o1, m1, stride_kt, dks, dk, 1.0)
+    k2 = _load_l2(kb, o2, m2, stride_kt, dks, dk, 1.0)
+    k3 = _load_l2(kb, o3, m3, stride_kt, dks, dk, 1.0)
     a10 = _a_block(k1, k0, c1, c0, b1, False, PRECISION)
     a20 = _a_block(k2, k0, c2, c0, b2, False, PRECISION)
     a21 = _a_block(k2, k1, c2, c1, b2, False, PRECISION)
@@ -222,27 +249,29 @@ def _gdr_chunk_prep(k_ptr, v_ptr, g_ptr, beta_ptr, qsl_ptr, chunk_seq_ptr, chunk
     d1 = _inv_unit_lower16(_a_block(k1, k1, c1, c1, b1, True, PRECISION))
     d2 = _inv_unit_lower16(_a_block(k2, k2, c2, c2, b2, True, PRECISION))
     d3 = _inv_unit_lower16(_a_block(k3, k3, c3, c3, b3, True, PRECISION))
-    # right-hand sides: beta exp(G) k and beta v
-    w0 = tl.dot(d0, k0 * (b0 * tl.exp(c0))[:, None], input_precision=PRECISION)
-    u0 = tl.dot(d0, v0 * b0[:, None], input_precision=PRECISION)
-    w1 = tl.dot(d1, k1 * (b1 * tl.exp(c1))[:, None] - tl.dot(a10, w0, input_precision=PRECISION),
-                input_precision=PRECISION)
-    u1 = tl.dot(d1, v1 * b1[:, None] - tl.dot(a10, u0, input_precision=PRECISION), input_precision=PRECISION)
-    w2 = tl.dot(d2, k2 * (b2 * tl.exp(c2))[:, None] - tl.dot(a20, w0, input_precision=PRECISION)
-                - tl.dot(a21, w1, input_precision=PRECISION), input_precision=PRECISION)
-    u2 = tl.dot(d2, v2 * b2[:, None] - tl.dot(a20, u0, input_precision=PRECISION)
-                - tl.dot(a21, u1, input_precision=PRECISION), input_precision=PRECISION)
-    w3 = tl.dot(d3, k3 * (b3 * tl.exp(c3))[:, None] - tl.dot(a30, w0, input_precision=PRECISION)
-                - tl.dot(a31, w1, input_precision=PRECISION) - tl.dot(a32, w2, input_precision=PRECISION),
-                input_precision=PRECISION)
-    u3 = tl.dot(d3, v3 * b3[:, None] - tl.dot(a30, u0, input_precision=PRECISION)
-                - tl.dot(a31, u1, input_precision=PRECISION) - tl.dot(a32, u2, input_precision=PRECISION),
-                input_precision=PRECISION)
-    wh, uh, ch = w_ptr + head * stride_wh, u_ptr + head * stride_uh, gcum_ptr + head
-    _prep_store(wh, uh, ch, w0, u0, c0, r0, r0 < end, stride_wt, stride_ut, stride_ct, dks, dvs, dk, dv)
-    _prep_store(wh, uh, ch, w1, u1, c1, r1, r1 < end, stride_wt, stride_ut, stride_ct, dks, dvs, dk, dv)
-    _prep_store(wh, uh, ch, w2, u2, c2, r2, r2 < end, stride_wt, stride_ut, stride_ct, dks, dvs, dk, dv)
-    _prep_store(wh, uh, ch, w3, u3, c3, r3, r3 < end, stride_wt, stride_ut, stride_ct, dks, dvs, dk, dv)
+    # w = (I + A)^-1 (beta exp(G) k), block by block
+    x0 = _mm(d0, k0 * (b0 * tl.exp(c0))[:, None], PRECISION)
+    _store_rows(wb, o0, m0, stride_wt, dks, dk, x0)
+    x1 = _mm(d1, k1 * (b1 * tl.exp(c1))[:, None] - _mm(a10, x0, PRECISION), PRECISION)
+    _store_rows(wb, o1, m1, stride_wt, dks, dk, x1)
+    x2 = _mm(d2, k2 * (b2 * tl.exp(c2))[:, None] - _mm(a20, x0, PRECISION) - _mm(a21, x1, PRECISION),
+             PRECISION)
+    _store_rows(wb, o2, m2, stride_wt, dks, dk, x2)
+    x3 = _mm(d3, k3 * (b3 * tl.exp(c3))[:, None] - _mm(a30, x0, PRECISION) - _mm(a31, x1, PRECISION)
+             - _mm(a32, x2, PRECISION), PRECISION)
+    _store_rows(wb, o3, m3, stride_wt, dks, dk, x3)
+    # u = (I + A)^-1 (beta v), the same way
+    y0 = _mm(d0, _load_rows(vb, o0, m0, stride_vt, dvs, dv) * b0[:, None], PRECISION)
+    _store_rows(ub, o0, m0, stride_ut, dvs, dv, y0)
+    y1 = _mm(d1, _load_rows(vb, o1, m1, stride_vt, dvs, dv) * b1[:, None] - _mm(a10, y0, PRECISION),
+             PRECISION)
+    _store_rows(ub, o1, m1, stride_ut, dvs, dv, y1)
+    y2 = _mm(d2, _load_rows(vb, o2, m2, stride_vt, dvs, dv) * b2[:, None] - _mm(a20, y0, PRECISION)
+             - _mm(a21, y1, PRECISION), PRECISION)
+    _store_rows(ub, o2, m2, stride_ut, dvs, dv, y2)
+    y3 = _mm(d3, _load_rows(vb, o3, m3, stride_vt, dvs, dv) * b3[:, None] - _mm(a30, y0, PRECISION)
+             - _mm(a31, y1, PRECISION) - _mm(a32, y2, PRECISION), PRECISION)
+    _store_rows(ub, o3, m3, stride_ut, dvs, dv, y3)
 
 
 @triton.jit
@@ -267,26 +296,24 @@ def _gdr_chunk_scan(q_ptr, k_ptr, w_ptr, u_ptr, gcum_ptr, state_ptr, qsl_ptr, sl
         s = tl.zeros([BDK, BV], dtype=tl.float32)
     khead = head // ratio
     for first in range(start, end, BT):
-        rows = first + idx
-        row_ok = rows < end
-        r64 = rows.to(tl.int64)
-        q = _load_l2(q_ptr + khead * stride_qh, rows, row_ok, stride_qt, dks, dk, scale)
-        k = _load_l2(k_ptr + khead * stride_kh, rows, row_ok, stride_kt, dks, dk, 1.0)
-        w = tl.load(w_ptr + head * stride_wh + r64[:, None] * stride_wt + dks[None, :],
-                    mask=row_ok[:, None] & dk_ok[None, :], other=0.0)
-        u = tl.load(u_ptr + head * stride_uh + r64[:, None] * stride_ut + vcols[None, :],
-                    mask=row_ok[:, None] & v_ok[None, :], other=0.0)
-        gcum = tl.load(gcum_ptr + r64 * stride_ct + head, mask=row_ok, other=0.0)
-        last = tl.sum(tl.where(rows == tl.minimum(first + BT, end) - 1, gcum, 0.0))
-        corrected = u - tl.dot(w, s, input_precision=PRECISION)                      # [BT, BV]
-        scores = tl.dot(q, tl.trans(k), input_precision=PRECISION)
+        row_ok = idx < end - first
+        row0 = tl.cast(first, tl.int64)  # (the interpreter hands the loop a Python int)
+        gcum = tl.load(gcum_ptr + row0 * stride_ct + head + idx * stride_ct, mask=row_ok, other=0.0)
+        last = tl.sum(tl.where(idx == tl.minimum(BT, end - first) - 1, gcum, 0.0))
+        # v' = u - w S (the chunk's values corrected by what the state already predicts)
+        w = _load_rows(w_ptr + row0 * stride_wt + head * stride_wh, idx, row_ok, stride_wt, dks, dk)
+        corrected = _load_rows(u_ptr + row0 * stride_ut + head * stride_uh, idx, row_ok, stride_ut, vcols, dv)
+        corrected -= _mm(w, s, PRECISION)
+        # o = exp(G) q S + (q k^T . exp(G_t - G_s))_{s <= t} v'
+        q = _load_l2(q_ptr + row0 * stride_qt + khead * stride_qh, idx, row_ok, stride_qt, dks, dk, scale)
+        k = _load_l2(k_ptr + row0 * stride_kt + khead * stride_kh, idx, row_ok, stride_kt, dks, dk, 1.0)
+        scores = _mm(q, tl.trans(k), PRECISION)
         scores = tl.where(causal, scores * tl.exp(tl.where(causal, gcum[:, None] - gcum[None, :], 0.0)), 0.0)
-        out = tl.dot(q * tl.exp(gcum)[:, None], s, input_precision=PRECISION)
-        out += tl.dot(scores, corrected, input_precision=PRECISION)
-        tl.store(out_ptr + head * stride_oh + r64[:, None] * stride_ot + vcols[None, :],
-                 out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & v_ok[None, :])
+        out = _mm(q * tl.exp(gcum)[:, None], s, PRECISION) + _mm(scores, corrected, PRECISION)
+        _store_rows(out_ptr + row0 * stride_ot + head * stride_oh, idx, row_ok, stride_ot, vcols, dv, out)
+        # S <- exp(G_last) S + (exp(G_last - G) k)^T v'
         carried = k * tl.where(row_ok, tl.exp(last - gcum), 0.0)[:, None]
-        s = s * tl.exp(last) + tl.dot(tl.trans(carried), corrected, input_precision=PRECISION)
+        s = s * tl.exp(last) + _mm(tl.trans(carried), corrected, PRECISION)
     if HAS_STATE:
         tl.store(s_ptrs, s, mask=dk_ok[:, None] & v_ok[None, :])
 
@@ -320,7 +347,7 @@ def gated_delta_rule_prefill(q, k, v, g, beta, state, query_start_loc, slots, fr
     qsl = query_start_loc.to(torch.int32)
     slots, fresh8 = _slots_fresh(slots, fresh, num_seqs, v.device)
     g, beta = g.float().contiguous(), beta.float().contiguous()  # [T, HV], head stride 1
-    precision = "ieee" if v.dtype == torch.float32 else "tf32"
+    precision = "tf32x3" if v.dtype == torch.float32 else "tf32"
     bdk, bdv = max(16, triton.next_power_of_2(dk)), max(16, triton.next_power_of_2(dv))
     ratio = heads // k.shape[1]
     w = torch.empty(tokens, heads, dk, dtype=torch.float32, device=v.device)
@@ -330,17 +357,18 @@ def gated_delta_rule_prefill(q, k, v, g, beta, state, query_start_loc, slots, fr
         chunk_seq, chunk_first, bound = _chunk_map(qsl, tokens, chunk_size)
         _gdr_chunk_prep[(bound, heads)](
             k, v, g, beta, qsl, chunk_seq, chunk_first, w, u, gcum, num_seqs,
-            k.stride(0), k.stride(1), v.stride(0), v.stride(1), g.stride(0), beta.stride(0), w.stride(0),
-            w.stride(1), u.stride(0), u.stride(1), gcum.stride(0), ratio, dk, dv,
-            BDK=bdk, BDV=bdv, PRECISION=precision, num_warps=8)
+            k.stride(0), k.stride(1), v.stride(0), v.stride(1), g.stride(0), w.stride(0),
+            w.stride(1), u.stride(0), u.stride(1), ratio, dk, dv,
+            BDK=bdk, BDV=bdv, PRECISION=precision, num_warps=PREP_WARPS, num_stages=1)
     has_state = state is not None
-    block_v = min(32, bdv)
+    block_v = min(SCAN_BLOCK_V, bdv)
     _gdr_chunk_scan[(num_seqs, heads, triton.cdiv(dv, block_v))](
-        q, k, w, u, gcum, state if has_state else w, qsl, slots, fresh8, out,
+        q, k, w, u, gcum, state if has_state else gcum, qsl, slots, fresh8, out,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), w.stride(0), w.stride(1), u.stride(0), u.stride(1),
         gcum.stride(0), out.stride(0), out.stride(1), state.stride(0) if has_state else 0,
         state.stride(1) if has_state else 0, ratio, dk, dv, dk ** -0.5,
-        BT=chunk_size, BDK=bdk, BV=block_v, HAS_STATE=has_state, PRECISION=precision, num_warps=8)
+        BT=chunk_size, BDK=bdk, BV=block_v, HAS_STATE=has_state, PRECISION=precision,
+        num_warps=SCAN_WARPS, num_stages=SCAN_STAGES)
     return out
 
 
