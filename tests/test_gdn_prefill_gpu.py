@@ -56,7 +56,7 @@ def _gdr_inputs(lengths, hk, hv, dk, dv, dtype, seed):
     return q, k, v, decay, beta
 
 
-@pytest.mark.parametrize("shape", [(16, 32, 128, 128), (2, 4, 64, 48), (4, 4, 32, 32)])
+@pytest.mark.parametrize("shape", [(16, 32, 128, 128), (2, 4, 64, 48)])  # Qwen3.5-9B; padded v
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_chunked_gated_delta_rule_kernel_matches_reference(shape, dtype):
     hk, hv, dk, dv = shape
