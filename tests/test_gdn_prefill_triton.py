@@ -3,14 +3,18 @@ Triton's interpreter on the CPU, against the torch references (which test_recurr
 checks against transformers). Tiny shapes: the interpreter runs every program in numpy.
 
 Skipped where Triton is not installed (CI) and on CUDA machines, where test_gdn_prefill_gpu.py
-checks the compiled kernels instead (the interpreter switch is process-wide at import time).
-The interpreter of Triton < 3.7 cannot run loops with loaded bounds under numpy >= 2.4
-(``int()`` of a one-element array); those combinations skip too.
+checks the compiled kernels instead. The interpreter switch is read when ``@triton.jit`` decorates,
+Triton's own helpers included, so it must be set before Triton is first imported: where this
+process imported Triton earlier (a run of several files), one test runs this file in a fresh
+process instead. The interpreter of Triton < 3.7 cannot run loops with loaded bounds under
+numpy >= 2.4 (``int()`` of a one-element array); those combinations skip too.
 """
 from __future__ import annotations
 
 import importlib.util
 import os
+import re
+import subprocess
 import sys
 
 import numpy as np
@@ -24,25 +28,36 @@ if importlib.util.find_spec("triton") is None:
 if torch.cuda.is_available():
     pytest.skip("CUDA present: the compiled kernels are tested by test_gdn_prefill_gpu.py", allow_module_level=True)
 if "triton" not in sys.modules:
-    # read when @triton.jit decorates, including triton.language's own helpers at ``import triton``
     os.environ["TRITON_INTERPRET"] = "1"
 import triton  # noqa: E402
 import triton.language.standard  # noqa: E402
 
-if type(triton.language.standard.zeros).__name__ != "InterpretedFunction":
-    pytest.skip("Triton was imported before this module, outside the interpreter", allow_module_level=True)
 _version = tuple(int(p) for p in triton.__version__.split(".")[:2])
 if _version < (3, 7) and tuple(int(p) for p in np.__version__.split(".")[:2]) >= (2, 4):
     pytest.skip(f"Triton {triton.__version__}'s interpreter needs numpy < 2.4", allow_module_level=True)
-tp = importlib.import_module("toolkit.kernels.recurrent.triton_prefill")
-if type(tp._gdr_chunk_scan).__name__ != "InterpretedFunction":
-    tp = importlib.reload(tp)
+INTERPRETED = type(triton.language.standard.zeros).__name__ == "InterpretedFunction"
+here = pytest.mark.skipif(not INTERPRETED, reason="Triton was imported compiled; run in a fresh process")
+if INTERPRETED:
+    tp = importlib.import_module("toolkit.kernels.recurrent.triton_prefill")
+    if type(tp._gdr_chunk_scan).__name__ != "InterpretedFunction":
+        tp = importlib.reload(tp)
+
+
+@pytest.mark.skipif(INTERPRETED, reason="this process runs the tests itself")
+def test_in_a_fresh_interpreter_process():
+    env = {**os.environ, "TRITON_INTERPRET": "1", "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__],
+                          capture_output=True, text=True, env=env, timeout=1200)
+    assert done.returncode == 0, done.stdout[-3000:]
+    summary = done.stdout.strip().splitlines()[-1]
+    assert re.fullmatch(r"\d+ passed, 1 skipped in .*", summary), done.stdout[-1000:]  # all but this one ran
 
 
 def _bounds(lengths):
     return torch.tensor([0, *lengths]).cumsum(0)
 
 
+@here
 @pytest.mark.parametrize("with_state", [True, False])
 def test_conv1d_prefill_kernel_matches_reference(with_state):
     """Varlen prompts: one longer than a token block, ones shorter than the window (their new
@@ -83,6 +98,7 @@ def _gdr_inputs(lengths, hk, hv, dk, dv, seed):
     return q, k, v, decay, beta
 
 
+@here
 @pytest.mark.parametrize("heads", [(1, 2, 16, 24), (2, 4, 8, 12)])
 def test_chunked_gated_delta_rule_kernel_matches_reference(heads):
     """Varlen batch crossing a 64-token chunk boundary, with non-zero initial states, a fresh slot
@@ -101,6 +117,7 @@ def test_chunked_gated_delta_rule_kernel_matches_reference(heads):
     assert torch.equal(state[1], state_ref[1]) and torch.equal(state[2], state_ref[2])  # untouched slots
 
 
+@here
 def test_chunked_gated_delta_rule_kernel_resumes_and_runs_without_state():
     """A prompt split across two calls (the second resuming from the slot the first wrote) equals the
     whole prompt in one call; with no state pool the output matches the reference's."""
@@ -130,6 +147,7 @@ def private_runtime(monkeypatch):
     return runtime
 
 
+@here
 def test_layer_prefill_through_the_kernels_matches_references(private_runtime):
     """A Gated DeltaNet layer's prefill of one packed step (a fresh prompt crossing a chunk boundary,
     one continuing a chunked prefill from its slot's states, a one-token continuation) through the
