@@ -60,7 +60,7 @@ def make_layer(config, device, dtype):
         layer.A_log.copy_(torch.rand(layer.A_log.shape, generator=gen).log())
     layer = layer.to(device)
     shapes = layer.state.resolved_shapes(dtype)
-    layer.state.tensors = {name: torch.zeros((16, *shape), dtype=dt, device=device)
+    layer.state.tensors = {name: torch.zeros((64, *shape), dtype=dt, device=device)  # slots 2i of <= 16 seqs
                            for name, (shape, dt) in shapes.items()}
     return layer
 

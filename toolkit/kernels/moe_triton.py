@@ -45,8 +45,9 @@ def align_routes(topk_ids: torch.Tensor, num_experts: int, bm: int) -> tuple[tor
 @triton.jit
 def dense_moe_kernel(x_ptr, w_ptr, out_ptr, route_ptr, block_expert_ptr, weight_ptr, num_routes, num_experts,
                      N, stride_x, K: tl.constexpr, TOP_K: tl.constexpr, PER_ROUTE_X: tl.constexpr, MUL_WEIGHT: tl.constexpr,
-                     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
-    """out[route, n] = x[row(route)] . W[expert, n] (x W^T per route); W is [E, N, K] contiguous."""
+                     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, IEEE: tl.constexpr):
+    """out[route, n] = x[row(route)] . W[expert, n] (x W^T per route); W is [E, N, K] contiguous.
+    ``IEEE``: float32 operands multiply in full float32 (tl.dot would otherwise round them to TF32)."""
     pid_n, pid_m = tl.program_id(0), tl.program_id(1)
     expert = tl.load(block_expert_ptr + pid_m)
     if expert < num_experts:
@@ -66,6 +67,8 @@ def dense_moe_kernel(x_ptr, w_ptr, out_ptr, route_ptr, block_expert_ptr, weight_
             w = tl.load(w_rows[:, None] + offs_k[None, :], mask=(offs_k < K)[None, :], other=0.0)
             if BM == 1:
                 acc += tl.sum(w.to(tl.float32) * x.to(tl.float32), axis=1)[None, :]
+            elif IEEE:
+                acc = tl.dot(x, tl.trans(w), acc, input_precision="ieee")
             else:
                 acc = tl.dot(x, tl.trans(w), acc)
         if MUL_WEIGHT:
@@ -105,14 +108,16 @@ def fused_moe(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, topk_w
         grid = (triton.cdiv(cols, bn), block_expert.numel())
         dense_moe_kernel[grid](a, w, out, route, block_expert, weights if weights is not None else out, routes,
                                num_experts, cols, a.stride(0), K=w.shape[2], TOP_K=top_k, PER_ROUTE_X=which == "down",
-                               MUL_WEIGHT=weights is not None, BM=bm, BN=bn, BK=bk)
+                               MUL_WEIGHT=weights is not None, BM=bm, BN=bn, BK=bk, IEEE=x.dtype == torch.float32)
         return out
 
     return run_moe(x, topk_weights, topk_ids, num_experts, two_inter // 2, matmul, activation)
 
 
 fused_moe.supports = lambda x, gate_up, down, topk_weights, topk_ids, activation="silu": (
-    x.is_cuda and x.dtype in (torch.float16, torch.bfloat16) and gate_up.dtype == x.dtype
+    # float32 too: a float32 model on CUDA must not fall back to the reference, whose host-side
+    # expert counts cannot be captured in a CUDA graph
+    x.is_cuda and x.dtype in (torch.float16, torch.bfloat16, torch.float32) and gate_up.dtype == x.dtype
     and down.dtype == x.dtype and gate_up.is_contiguous() and down.is_contiguous() and activation == "silu"
     and x.dim() == 2 and x.is_contiguous())
 
