@@ -27,8 +27,6 @@ SOURCES = [HERE / "gguf_cpu.cpp"]
 HEADERS = [HERE / "blocks.h", HERE / "fused.h"]
 CFLAGS = ["-O3", "-march=native", "-fno-math-errno"]
 _UNSET = object()
-_state = {"module": _UNSET}
-_lock = threading.Lock()
 
 
 def cache_root() -> Path:
@@ -53,48 +51,72 @@ def _cpu_flags() -> str:
         return platform.processor()
 
 
-def build_key(sources=None) -> str:
+def build_key(sources=None, headers=None) -> str:
     """Hash of everything the binary depends on (see the module docstring)."""
     import torch  # noqa: PLC0415
 
     digest = hashlib.sha256()
-    for path in (sources or SOURCES) + HEADERS:
+    for path in list(sources or SOURCES) + list(HEADERS if headers is None else headers):
         digest.update(Path(path).read_bytes())
     for part in (" ".join(CFLAGS), _compiler_version(), _cpu_flags(), torch.__version__, platform.machine()):
         digest.update(part.encode())
     return digest.hexdigest()[:16]
 
 
-def compile_extension(sources=None):
+def compile_extension(sources=None, headers=None, prefix: str = "toolkit_gguf_cpu"):
     """Build (or load the cached build of) ``sources``; raises whatever the build raises."""
     from torch.utils import cpp_extension  # noqa: PLC0415
 
     sources = [str(path) for path in (sources or SOURCES)]
-    name = f"toolkit_gguf_cpu_{build_key(sources)}"
+    include = sorted({str(Path(path).parent) for path in sources} | {str(HERE)})
+    name = f"{prefix}_{build_key(sources, headers)}"
     directory = cache_root() / name
     directory.mkdir(parents=True, exist_ok=True)
     if not (directory / f"{name}.so").exists():  # a first build takes ~20-60 s: say why the wait
-        print(f"toolkit: compiling the CPU GGUF kernels for this machine (once; cached in {directory})",
+        print(f"toolkit: compiling the CPU kernels {prefix} for this machine (once; cached in {directory})",
               file=sys.stderr, flush=True)
-    return cpp_extension.load(name=name, sources=sources, extra_cflags=CFLAGS, extra_include_paths=[str(HERE)],
+    return cpp_extension.load(name=name, sources=sources, extra_cflags=CFLAGS, extra_include_paths=include,
                               build_directory=str(directory), verbose=False)
 
 
+class Extension:
+    """One compiled module, built on first ``get()``; ``None`` (after one warning) if it cannot be built.
+
+    Each kernel family (the GGUF GEMV here, the fused decoder-layer ops in ``kernels/cpu_fused``)
+    owns one, so a family's sources rebuild only its own module."""
+
+    def __init__(self, prefix: str, sources, headers, what: str):
+        self.prefix, self.sources, self.headers, self.what = prefix, list(sources), list(headers), what
+        self.module = _UNSET
+        self.lock = threading.Lock()
+
+    def get(self):
+        if self.module is _UNSET:
+            with self.lock:
+                if self.module is _UNSET:
+                    try:
+                        self.module = compile_extension(self.sources, self.headers, self.prefix)
+                    except Exception as error:  # noqa: BLE001 - any build failure means: use the torch path
+                        first = (str(error).strip().splitlines() or [type(error).__name__])[0]
+                        warnings.warn(f"toolkit: compiled {self.what} unavailable ({first[:200]}); "
+                                      f"using the slower torch path", RuntimeWarning, stacklevel=3)
+                        self.module = None
+        return self.module
+
+    def reset(self) -> None:
+        self.module = _UNSET
+
+
+_GGUF = Extension("toolkit_gguf_cpu", SOURCES, HEADERS, "CPU GGUF kernels")
+
+
 def extension():
-    """The compiled module, built on first use; ``None`` (after one warning) if it cannot be built."""
-    if _state["module"] is _UNSET:
-        with _lock:
-            if _state["module"] is _UNSET:
-                try:
-                    _state["module"] = compile_extension()
-                except Exception as error:  # noqa: BLE001 - any build failure means: use the torch path
-                    first = (str(error).strip().splitlines() or [type(error).__name__])[0]
-                    warnings.warn(f"toolkit: compiled CPU GGUF kernels unavailable ({first[:200]}); "
-                                  f"using the slower torch dequantize-then-matmul path", RuntimeWarning, stacklevel=2)
-                    _state["module"] = None
-    return _state["module"]
+    """The compiled GGUF module, built on first use; ``None`` (after one warning) if it cannot be built."""
+    if _GGUF.module is _UNSET:
+        _GGUF.sources = SOURCES  # tests patch SOURCES to force a failing build
+    return _GGUF.get()
 
 
 def reset() -> None:
     """Forget the loaded module (tests use this to force a rebuild or a failure)."""
-    _state["module"] = _UNSET
+    _GGUF.reset()

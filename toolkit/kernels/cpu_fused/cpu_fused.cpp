@@ -1,0 +1,220 @@
+// Compiled CPU versions of a decoder layer's small ops, for float32 activations: RMSNorm (alone
+// and after a residual add), rotary of q and k, the gated activation, the KV-cache store and
+// paged attention. Each is one pass over its data instead of the 5-20 ATen calls the torch
+// references (kernels/reference.py, the test oracle) make; at one decode token the tensors are a
+// few KiB and the cost of the references is almost all per-call overhead.
+//
+// Contract (ops.py checks it before calling): every pointer is to float32 data unless named
+// otherwise (int32 / int64 tables), rows are contiguous, a row stride is given where a caller's
+// view may have one. Pointers travel as integers so only ATen's parallel header is needed; the
+// GIL is released for the whole call.
+#include <pybind11/pybind11.h>
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+namespace cpu_fused {
+
+static inline float sum_squares(const float* x, int64_t n) {
+    float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};  // 8 lanes: vectorizable without -ffast-math
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int k = 0; k < 8; ++k) acc[k] += x[i + k] * x[i + k];
+    float total = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+    for (; i < n; ++i) total += x[i] * x[i];
+    return total;
+}
+
+static inline void norm_row(const float* x, const float* w, float* out, int64_t n, float eps, float offset) {
+    const float inv = 1.0f / std::sqrt(sum_squares(x, n) / static_cast<float>(n) + eps);
+    for (int64_t i = 0; i < n; ++i) out[i] = x[i] * inv * (offset + w[i]);
+}
+
+// out[r] = x[r] / rms(x[r]) * (offset + w)
+void rms_norm(int64_t x_ptr, int64_t w_ptr, int64_t out_ptr, int64_t rows, int64_t n, double eps, double offset) {
+    const float* x = reinterpret_cast<const float*>(x_ptr);
+    const float* w = reinterpret_cast<const float*>(w_ptr);
+    float* out = reinterpret_cast<float*>(out_ptr);
+    at::parallel_for(0, rows, std::max<int64_t>(1, 32768 / std::max<int64_t>(n, 1)), [&](int64_t begin, int64_t end) {
+        for (int64_t r = begin; r < end; ++r) norm_row(x + r * n, w, out + r * n, n, float(eps), float(offset));
+    });
+}
+
+// total = x + residual; out = rms_norm(total)
+void add_rms_norm(int64_t x_ptr, int64_t res_ptr, int64_t w_ptr, int64_t out_ptr, int64_t total_ptr, int64_t rows,
+                  int64_t n, double eps, double offset) {
+    const float* x = reinterpret_cast<const float*>(x_ptr);
+    const float* res = reinterpret_cast<const float*>(res_ptr);
+    const float* w = reinterpret_cast<const float*>(w_ptr);
+    float* out = reinterpret_cast<float*>(out_ptr);
+    float* total = reinterpret_cast<float*>(total_ptr);
+    at::parallel_for(0, rows, std::max<int64_t>(1, 32768 / std::max<int64_t>(n, 1)), [&](int64_t begin, int64_t end) {
+        for (int64_t r = begin; r < end; ++r) {
+            for (int64_t i = 0; i < n; ++i) total[r * n + i] = x[r * n + i] + res[r * n + i];
+            norm_row(total + r * n, w, out + r * n, n, float(eps), float(offset));
+        }
+    });
+}
+
+// Rotate-half RoPE of the first `rotary_dim` features of each head; angle = float(position) * inv_freq
+// in float32 as the reference computes it. x rows have `x_stride` floats; out rows are dense.
+static void rotate(const float* x, int64_t x_stride, float* out, int64_t tokens,
+                   int64_t heads, int64_t head_dim, int64_t rotary_dim, const float* cos_table,
+                   const float* sin_table) {
+    const int64_t half = rotary_dim / 2;
+    for (int64_t t = 0; t < tokens; ++t) {
+        const float* c = cos_table + t * half;
+        const float* s = sin_table + t * half;
+        for (int64_t h = 0; h < heads; ++h) {
+            const float* in = x + t * x_stride + h * head_dim;
+            float* o = out + (t * heads + h) * head_dim;
+            for (int64_t j = 0; j < half; ++j) {
+                const float a = in[j], b = in[j + half];
+                o[j] = a * c[j] - b * s[j];
+                o[j + half] = b * c[j] + a * s[j];
+            }
+            for (int64_t j = rotary_dim; j < head_dim; ++j) o[j] = in[j];
+        }
+    }
+}
+
+void rotary_qk(int64_t pos_ptr, int64_t q_ptr, int64_t q_stride, int64_t k_ptr, int64_t k_stride, int64_t inv_ptr,
+               int64_t q_out_ptr, int64_t k_out_ptr, int64_t tokens, int64_t q_heads, int64_t k_heads,
+               int64_t head_dim, int64_t rotary_dim) {
+    const int64_t* positions = reinterpret_cast<const int64_t*>(pos_ptr);
+    const float* inv_freq = reinterpret_cast<const float*>(inv_ptr);
+    const int64_t half = rotary_dim / 2;
+    std::vector<float> cos_table(tokens * half), sin_table(tokens * half);  // shared by q and k
+    for (int64_t t = 0; t < tokens; ++t)
+        for (int64_t j = 0; j < half; ++j) {
+            const float angle = static_cast<float>(positions[t]) * inv_freq[j];
+            cos_table[t * half + j] = std::cos(angle);
+            sin_table[t * half + j] = std::sin(angle);
+        }
+    rotate(reinterpret_cast<const float*>(q_ptr), q_stride, reinterpret_cast<float*>(q_out_ptr), tokens,
+           q_heads, head_dim, rotary_dim, cos_table.data(), sin_table.data());
+    rotate(reinterpret_cast<const float*>(k_ptr), k_stride, reinterpret_cast<float*>(k_out_ptr), tokens,
+           k_heads, head_dim, rotary_dim, cos_table.data(), sin_table.data());
+}
+
+// out[t, i] = act(x[t, i]) * x[t, width + i]; act 0 = silu, 1 = gelu (tanh approximation), 2 = gelu (erf)
+void gated_activation(int64_t x_ptr, int64_t out_ptr, int64_t tokens, int64_t width, int activation) {
+    const float* x = reinterpret_cast<const float*>(x_ptr);
+    float* out = reinterpret_cast<float*>(out_ptr);
+    at::parallel_for(0, tokens, std::max<int64_t>(1, 16384 / std::max<int64_t>(width, 1)), [&](int64_t begin, int64_t end) {
+        for (int64_t t = begin; t < end; ++t) {
+            const float* gate = x + t * 2 * width;
+            const float* up = gate + width;
+            float* o = out + t * width;
+            for (int64_t i = 0; i < width; ++i) {
+                const float g = gate[i];
+                float a;
+                if (activation == 0) a = g / (1.0f + std::exp(-g));
+                else if (activation == 1) a = 0.5f * g * (1.0f + std::tanh(0.7978845608028654f * (g + 0.044715f * g * g * g)));
+                else a = 0.5f * g * (1.0f + std::erf(g * 0.7071067811865476f));
+                o[i] = a * up[i];
+            }
+        }
+    });
+}
+
+// cache[slot[t]] = rows t of k and v ([kv_heads * head_dim] each, row stride given); slot < 0 skipped.
+void store_kv(int64_t k_ptr, int64_t k_stride, int64_t v_ptr, int64_t v_stride, int64_t kc_ptr, int64_t vc_ptr,
+              int64_t slot_ptr, int64_t tokens, int64_t width) {
+    const float* k = reinterpret_cast<const float*>(k_ptr);
+    const float* v = reinterpret_cast<const float*>(v_ptr);
+    float* kc = reinterpret_cast<float*>(kc_ptr);
+    float* vc = reinterpret_cast<float*>(vc_ptr);
+    const int64_t* slots = reinterpret_cast<const int64_t*>(slot_ptr);
+    for (int64_t t = 0; t < tokens; ++t) {
+        if (slots[t] < 0) continue;
+        std::memcpy(kc + slots[t] * width, k + t * k_stride, width * sizeof(float));
+        std::memcpy(vc + slots[t] * width, v + t * v_stride, width * sizeof(float));
+    }
+}
+
+// Paged causal attention. Token t of sequence s (query_start[s] <= t < query_start[s + 1]) sits at
+// position seq_lens[s] - query_len + (t - query_start[s]) and sees keys at positions
+// (position - window, position] (window 0: all earlier). q/out [T, heads, dim]; caches
+// [blocks, block_size, kv_heads, dim]; block_tables [seqs, table_stride] int32 or int64. Softmax in float32
+// over max-subtracted scores; optional tanh soft-capping of the scores.
+void paged_attention(int64_t q_ptr, int64_t kc_ptr, int64_t vc_ptr, int64_t out_ptr, int64_t qsl_ptr,
+                     int64_t seq_lens_ptr, int64_t tables_ptr, int64_t table_stride, bool tables_int64, int64_t seqs, int64_t tokens,
+                     int64_t heads, int64_t kv_heads, int64_t dim, int64_t block_size, double scale, int64_t window,
+                     double softcap) {
+    const float* q = reinterpret_cast<const float*>(q_ptr);
+    const float* kc = reinterpret_cast<const float*>(kc_ptr);
+    const float* vc = reinterpret_cast<const float*>(vc_ptr);
+    float* out = reinterpret_cast<float*>(out_ptr);
+    const int32_t* qsl = reinterpret_cast<const int32_t*>(qsl_ptr);
+    const int32_t* seq_lens = reinterpret_cast<const int32_t*>(seq_lens_ptr);
+    const int32_t* tables32 = reinterpret_cast<const int32_t*>(tables_ptr);
+    const int64_t* tables64 = reinterpret_cast<const int64_t*>(tables_ptr);
+    auto block_of = [&](int64_t s, int64_t p) -> int64_t {  // the engine passes int64 tables, generate() int32
+        const int64_t at = s * table_stride + p / block_size;
+        return tables_int64 ? tables64[at] : int64_t(tables32[at]);
+    };
+    const int64_t groups = heads / kv_heads;
+    int64_t longest = 0;
+    for (int64_t s = 0; s < seqs; ++s) longest = std::max<int64_t>(longest, seq_lens[s]);
+    // one (token, head) pair reads ~2 * context * dim floats; chunks of at least ~64K of them
+    const int64_t grain = std::max<int64_t>(1, 65536 / std::max<int64_t>(2 * longest * dim, 1));
+    at::parallel_for(0, tokens * heads, grain, [&](int64_t begin, int64_t end) {
+        std::vector<float> scores(std::max<int64_t>(longest, 1));
+        int64_t s = 0;
+        for (int64_t item = begin; item < end; ++item) {
+            const int64_t t = item / heads, h = item % heads, kvh = h / groups;
+            while (s + 1 < seqs && qsl[s + 1] <= t) ++s;
+            while (s > 0 && qsl[s] > t) --s;
+            const int64_t context = seq_lens[s], query_len = qsl[s + 1] - qsl[s];
+            const int64_t position = context - query_len + (t - qsl[s]);
+            const int64_t first = window > 0 ? std::max<int64_t>(0, position - window + 1) : 0;
+            const float* qv = q + (t * heads + h) * dim;
+            float* o = out + (t * heads + h) * dim;
+            std::fill(o, o + dim, 0.0f);
+            if (position < first) continue;
+            float best = -std::numeric_limits<float>::infinity();
+            for (int64_t p = first; p <= position; ++p) {
+                const int64_t row = block_of(s, p) * block_size + p % block_size;
+                const float* kv = kc + (row * kv_heads + kvh) * dim;
+                float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+                int64_t i = 0;
+                for (; i + 8 <= dim; i += 8)
+                    for (int k = 0; k < 8; ++k) acc[k] += qv[i + k] * kv[i + k];
+                float dot = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+                for (; i < dim; ++i) dot += qv[i] * kv[i];
+                float score = dot * float(scale);
+                if (softcap > 0) score = std::tanh(score / float(softcap)) * float(softcap);
+                scores[p - first] = score;
+                best = std::max(best, score);
+            }
+            float total = 0.0f;
+            for (int64_t p = first; p <= position; ++p) total += (scores[p - first] = std::exp(scores[p - first] - best));
+            const float norm = 1.0f / total;
+            for (int64_t p = first; p <= position; ++p) {
+                const int64_t row = block_of(s, p) * block_size + p % block_size;
+                const float* vv = vc + (row * kv_heads + kvh) * dim;
+                const float weight = scores[p - first] * norm;
+                for (int64_t i = 0; i < dim; ++i) o[i] += weight * vv[i];
+            }
+        }
+    });
+}
+
+}  // namespace cpu_fused
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
+    namespace py = pybind11;
+    auto release = py::call_guard<py::gil_scoped_release>();
+    module.def("rms_norm", &cpu_fused::rms_norm, release);
+    module.def("add_rms_norm", &cpu_fused::add_rms_norm, release);
+    module.def("rotary_qk", &cpu_fused::rotary_qk, release);
+    module.def("gated_activation", &cpu_fused::gated_activation, release);
+    module.def("store_kv", &cpu_fused::store_kv, release);
+    module.def("paged_attention", &cpu_fused::paged_attention, release);
+}
