@@ -2,8 +2,11 @@
 
 ``gguf_matmul`` is compared with gguf-py's ``gguf.quants.dequantize`` followed by a float64
 matmul. The kernels accumulate in float32 in their own order, so the allowed error is a float32
-summation bound: ``TOL * (|x| @ |W|.T)`` element by element. ``gguf_dequantize`` must be
-bit-identical. The first test in a fresh environment compiles the extension (~20 s, once).
+summation bound: ``TOL * (|x| @ |W|.T)`` element by element. The GEMV's default 8-bit-activation
+path is checked twice: against ``x_hat @ W.T`` in float64, with ``x_hat`` the test's own
+per-32-block rounding of x (same float32 bound), and against ``x @ W.T`` within the
+activation-rounding bound ``|W| @ (d / 2)``, d = max|x| / 127 per block. ``gguf_dequantize`` must
+be bit-identical. The first test in a fresh environment compiles the extension (~20 s, once).
 """
 from __future__ import annotations
 
@@ -20,7 +23,7 @@ from toolkit.core.plugins import PluginSet
 from toolkit.core.registry import Registry
 from toolkit.kernels import runtime
 from toolkit.kernels.gguf.cpu import gguf_matmul_chunked
-from toolkit.kernels.gguf_cpu import HANDLED, build, gguf_dequantize_native, gguf_matmul_native
+from toolkit.kernels.gguf_cpu import HANDLED, build, gguf_dequantize_native, gguf_matmul_native, ops
 
 TYPES = sorted(HANDLED)
 GGUF_QUANTIZES = {"Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"}  # gguf-py can make these from floats
@@ -36,6 +39,12 @@ def compiled():
     runtime.install(Registry(plugins).kernels)
     if build.extension() is None:
         pytest.skip("no C++ toolchain here: the compiled kernels cannot be built")
+
+
+@pytest.fixture(autouse=True)
+def float32_activations(monkeypatch):
+    """The float32 GEMV unless a test asks for 8-bit activations (TOOLKIT_GGUF_CPU_INT8)."""
+    monkeypatch.setattr(ops, "INT8_ACTIVATIONS", False)
 
 
 def packed_and_oracle(name: str, rows: int, cols: int, rng) -> tuple[np.ndarray, torch.Tensor]:
@@ -63,6 +72,33 @@ def test_matmul_matches_gguf_py(name):
         x = torch.randn(tokens, cols, generator=torch.Generator().manual_seed(rows))
         got = gguf_matmul_native(x, torch.from_numpy(packed), HANDLED[name], cols)
         assert_matmul_close(got, x, weight)
+
+
+def rounded_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(x_hat, d) per element: x rounded to d * round(x / d) per 32-element block, d = max|x| / 127."""
+    blocks = x.double().reshape(*x.shape[:-1], -1, 32)
+    d = blocks.abs().amax(-1, keepdim=True) / 127
+    q = torch.where(d > 0, blocks / torch.where(d > 0, d, 1), 0).round().clamp(-127, 127)
+    return (q * d).reshape(x.shape), d.expand_as(blocks).reshape(x.shape)
+
+
+@pytest.mark.parametrize("name", TYPES)
+def test_int8_activation_gemv_within_rounding_bound(name, monkeypatch):
+    monkeypatch.setattr(ops, "INT8_ACTIVATIONS", True)
+    rng = np.random.default_rng(20 + HANDLED[name])
+    block = 256 if name.endswith("_K") else 32
+    for rows, cols, tokens in [(7, block, 1), (33, 2 * block, 2), (5, 3 * block, 3), (3, block, 4)]:
+        packed, weight = packed_and_oracle(name, rows, cols, rng)
+        x = torch.randn(tokens, cols, generator=torch.Generator().manual_seed(rows)) * 3
+        if cols > 32:
+            x[0, :32] = 0  # an all-zero block (d = 0)
+        got = gguf_matmul_native(x, torch.from_numpy(packed), HANDLED[name], cols)
+        x_hat, d = rounded_activations(x)
+        assert_matmul_close(got.double(), x_hat, weight)  # the integer path is exact on x_hat
+        error = (got.double() - x.double() @ weight.double().T).abs()
+        float_bound = TOL * (x.double().abs() @ weight.double().abs().T)
+        assert bool((error.T <= weight.double().abs() @ (d / 2).T + float_bound.T).all())
+        assert bool((error > float_bound).any())  # the activations really were rounded
 
 
 @pytest.mark.parametrize("name", TYPES)

@@ -152,6 +152,71 @@ static void fused_rows(const uint8_t* w, int64_t row_bytes, const float* x, cons
     }
 }
 
+// The same rows with 8-bit activations (as llama.cpp does): x is quantized per 32-element slice
+// to xq = round(x / dx), dx = max|x| / 127 (quantize_activations below), and each sub-block's
+// products are integer: maddubs(|q|, sign(xq, q)) gives q * xq summed in pairs (at most
+// 2 * 128 * 127, inside int16), madd with ones sums them to 8 int32 lanes: lanes 0-3 cover
+// elements 0-15 (scale s0), lanes 4-7 elements 16-31 (s1). The result is exactly
+// sum W[j] * (dx * xq[j]) up to float32 rounding: the weights are unchanged, the activations
+// move by at most dx / 2 each. The offset term uses the same quantized x (xsum = dx * sum xq).
+template <int QT, int M>
+static void int8_rows(const uint8_t* w, int64_t row_bytes, const int8_t* xq, const float* xd, const float* xsum,
+                      float* out, int64_t rows, int64_t cols, int64_t begin, int64_t end) {
+    using D = Decoder<QT>;
+    const int64_t nb = cols / (32 * D::subs), nsub = cols / 32;
+    const __m256i ones = _mm256_set1_epi16(1);
+    for (int64_t r = begin; r < end; ++r) {
+        const uint8_t* b = w + r * row_bytes;
+        __m256 acc[M];
+        float offset[M];
+        for (int m = 0; m < M; ++m) acc[m] = _mm256_setzero_ps(), offset[m] = 0.f;
+        for (int64_t i = 0; i < nb; ++i, b += D::bytes) {
+            for (int k = 0; k < D::subs; ++k) {
+                const Sub s = D::get(b, k);
+                const __m256i magnitude = _mm256_sign_epi8(s.q, s.q);
+                const __m256 scale = _mm256_set_m128(_mm_set1_ps(s.s1), _mm_set1_ps(s.s0));
+                const int64_t sub = i * D::subs + k;
+                for (int m = 0; m < M; ++m) {
+                    const __m256i xv = _mm256_loadu_si256((const __m256i*)(xq + m * cols + 32 * sub));
+                    const __m256i pairs = _mm256_maddubs_epi16(magnitude, _mm256_sign_epi8(xv, s.q));
+                    const __m256 dots = _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, ones));
+                    acc[m] = _mm256_fmadd_ps(_mm256_mul_ps(scale, _mm256_set1_ps(xd[m * nsub + sub])), dots, acc[m]);
+                    if (D::bias) offset[m] += s.bias * xsum[m * nsub + sub];
+                }
+            }
+        }
+        for (int m = 0; m < M; ++m) out[m * rows + r] = hsum8(acc[m]) + offset[m];
+    }
+}
+
+using Int8RowsFn = void (*)(const uint8_t*, int64_t, const int8_t*, const float*, const float*, float*, int64_t,
+                            int64_t, int64_t, int64_t);
+
+template <int QT>
+static Int8RowsFn pick_int8_m(int64_t m) {
+    switch (m) {
+        case 1: return &int8_rows<QT, 1>;
+        case 2: return &int8_rows<QT, 2>;
+        case 3: return &int8_rows<QT, 3>;
+        case 4: return &int8_rows<QT, 4>;
+        default: return nullptr;
+    }
+}
+
+static Int8RowsFn int8_for(int qtype, int64_t m) {
+    switch (qtype) {
+        case Q4_0: return pick_int8_m<Q4_0>(m);
+        case Q4_1: return pick_int8_m<Q4_1>(m);
+        case Q5_0: return pick_int8_m<Q5_0>(m);
+        case Q5_1: return pick_int8_m<Q5_1>(m);
+        case Q8_0: return pick_int8_m<Q8_0>(m);
+        case Q4_K: return pick_int8_m<Q4_K>(m);
+        case Q5_K: return pick_int8_m<Q5_K>(m);
+        case Q6_K: return pick_int8_m<Q6_K>(m);
+        default: return nullptr;
+    }
+}
+
 // Row-range worker for (type, M), or nullptr for a type without a decoder / M outside 1..4.
 using RowsFn = void (*)(const uint8_t*, int64_t, const float*, const float*, float*, int64_t, int64_t, int64_t,
                         int64_t);

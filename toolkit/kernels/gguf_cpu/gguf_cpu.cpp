@@ -12,6 +12,7 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <cmath>
 #include <vector>
 
 #include "blocks.h"
@@ -51,12 +52,43 @@ static inline float dot(const float* a, const float* b, int64_t n) {
 // Rows per parallel chunk: at least ~64K weights, so tiny matrices do not pay for a fork.
 static int64_t grain_for(int64_t cols) { return std::max<int64_t>(1, 65536 / std::max<int64_t>(cols, 1)); }
 
+// x[n] (n a multiple of 32) to int8 per 32-element slice: q = round-half-even(x / d), d = max|x| / 127
+// (0 for an all-zero slice); also d and d * sum(q) per slice. |x - d q| <= d / 2.
+void quantize_activations(const float* x, int64_t n, int8_t* q, float* d, float* qsum) {
+    for (int64_t b = 0; b < n / 32; ++b) {
+        const float* xb = x + 32 * b;
+        float amax = 0.f;
+        for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(xb[j]));
+        const float scale = amax / 127.f, inv = amax > 0.f ? 127.f / amax : 0.f;
+        int sum = 0;
+        for (int j = 0; j < 32; ++j) {
+            const int v = static_cast<int>(std::nearbyint(xb[j] * inv));
+            q[32 * b + j] = static_cast<int8_t>(std::max(-127, std::min(127, v)));
+            sum += q[32 * b + j];
+        }
+        d[b] = scale;
+        qsum[b] = scale * static_cast<float>(sum);
+    }
+}
+
 void gemv(int64_t x_ptr, int64_t w_ptr, int64_t out_ptr, int64_t m, int64_t rows, int64_t cols,
-          int64_t row_bytes, int qtype) {
+          int64_t row_bytes, int qtype, bool int8) {
     const float* x = reinterpret_cast<const float*>(x_ptr);
     const uint8_t* w = reinterpret_cast<const uint8_t*>(w_ptr);
     float* out = reinterpret_cast<float*>(out_ptr);
 #if defined(__AVX2__) && defined(__FMA__)
+    Int8RowsFn integer = int8 ? int8_for(qtype, m) : nullptr;
+    if (integer) {
+        const int64_t nsub = cols / 32;
+        std::vector<int8_t> xq(m * cols);
+        std::vector<float> xd(m * nsub), xsum(m * nsub);
+        for (int64_t i = 0; i < m; ++i)
+            quantize_activations(x + i * cols, cols, xq.data() + i * cols, xd.data() + i * nsub, xsum.data() + i * nsub);
+        at::parallel_for(0, rows, grain_for(cols), [&](int64_t begin, int64_t end) {
+            integer(w, row_bytes, xq.data(), xd.data(), xsum.data(), out, rows, cols, begin, end);
+        });
+        return;
+    }
     if (RowsFn fused = fused_for(qtype, m)) {
         const int64_t nsub = cols / 32;
         std::vector<float> xsum(m * nsub);  // per 32-element slice of x, for types with an offset
@@ -95,7 +127,7 @@ int block_elements(int qtype) { return block_elems(qtype); }
 // What the compiler enabled, for the bench and the logs.
 const char* isa() {
 #if defined(__AVX2__) && defined(__FMA__)
-    return "avx2+fma";
+    return "avx2+fma (int8 activations: maddubs)";
 #else
     return "scalar";
 #endif
@@ -106,6 +138,10 @@ const char* isa() {
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
     namespace py = pybind11;
     module.def("gemv", &gguf_cpu::gemv, py::call_guard<py::gil_scoped_release>());
+    module.def("quantize_activations", [](int64_t x, int64_t n, int64_t q, int64_t d, int64_t qsum) {
+        gguf_cpu::quantize_activations(reinterpret_cast<const float*>(x), n, reinterpret_cast<int8_t*>(q),
+                                       reinterpret_cast<float*>(d), reinterpret_cast<float*>(qsum));
+    });
     module.def("dequantize", &gguf_cpu::dequantize, py::call_guard<py::gil_scoped_release>());
     module.def("block_elements", &gguf_cpu::block_elements);
     module.def("isa", &gguf_cpu::isa);

@@ -14,6 +14,8 @@ contract is the reference's (weights rounded to ``x.dtype``), which the torch pa
 """
 from __future__ import annotations
 
+import os
+
 import torch
 
 from ..gguf.reference import SUPPORTED_TYPES
@@ -23,6 +25,9 @@ from . import build
 # gguf-py's GGMLQuantizationType numbers of the types gguf_cpu.cpp decodes
 HANDLED = {"Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q5_1": 7, "Q8_0": 8, "Q4_K": 12, "Q5_K": 13, "Q6_K": 14}
 _HANDLED_IDS = frozenset(HANDLED.values())
+# 8-bit activations in the GEMV (integer dot products, results within the activation-rounding bound
+# of the float path; see fused.h). Default on; TOOLKIT_GGUF_CPU_INT8=0 keeps float32 activations.
+INT8_ACTIVATIONS = os.environ.get("TOOLKIT_GGUF_CPU_INT8", "1") != "0"
 GEMV_MAX_ROWS = 4          # above this many activation rows, dequantize tiles and use torch.matmul
 TILE_ELEMENTS = 1 << 20    # float32 elements per dequantized tile: 4 MiB (in L3); fewer, larger steps
 
@@ -69,7 +74,8 @@ def gguf_matmul_native(x: torch.Tensor, data: torch.Tensor, qtype: int, cols: in
     if tokens == 0 or rows == 0:
         pass
     elif tokens <= GEMV_MAX_ROWS:
-        ext.gemv(flat.data_ptr(), data.data_ptr(), out.data_ptr(), tokens, rows, cols, row_bytes, qtype)
+        ext.gemv(flat.data_ptr(), data.data_ptr(), out.data_ptr(), tokens, rows, cols, row_bytes, qtype,
+                 INT8_ACTIVATIONS)
     else:
         step = max(1, min(rows, TILE_ELEMENTS // cols))
         tile = torch.empty(step, cols, dtype=torch.float32)
