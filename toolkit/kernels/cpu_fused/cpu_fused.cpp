@@ -162,8 +162,9 @@ void paged_attention(int64_t q_ptr, int64_t kc_ptr, int64_t vc_ptr, int64_t out_
     const int64_t groups = heads / kv_heads;
     int64_t longest = 0;
     for (int64_t s = 0; s < seqs; ++s) longest = std::max<int64_t>(longest, seq_lens[s]);
-    // one (token, head) pair reads ~2 * context * dim floats; chunks of at least ~64K of them
-    const int64_t grain = std::max<int64_t>(1, 65536 / std::max<int64_t>(2 * longest * dim, 1));
+    // one (token, head) pair reads ~2 * context * dim floats; chunks of at least ~2M of them, since
+    // waking a sleeping OpenMP worker costs 100-200 us on a small shared machine
+    const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 21) / std::max<int64_t>(2 * longest * dim, 1));
     at::parallel_for(0, tokens * heads, grain, [&](int64_t begin, int64_t end) {
         std::vector<float> scores(std::max<int64_t>(longest, 1));
         int64_t s = 0;

@@ -26,6 +26,18 @@ HERE = Path(__file__).parent
 SOURCES = [HERE / "gguf_cpu.cpp"]
 HEADERS = [HERE / "blocks.h", HERE / "fused.h"]
 CFLAGS = ["-O3", "-march=native", "-fno-math-errno"]
+
+
+def openmp_flags() -> list[str]:
+    """``-fopenmp`` where torch's ATen was built with OpenMP (Linux wheels).
+
+    Why: ``at::parallel_for`` is a header template whose threaded path is compiled only under
+    ``_OPENMP``; without the flag every kernel here silently ran on one thread. The extension's
+    libgomp.so.1 dependency resolves to the copy torch already loaded (same soname), so both share
+    one OpenMP runtime and ``torch.set_num_threads`` governs the kernels too."""
+    import torch  # noqa: PLC0415
+
+    return ["-fopenmp"] if getattr(torch._C, "has_openmp", False) else []
 _UNSET = object()
 
 
@@ -58,7 +70,7 @@ def build_key(sources=None, headers=None) -> str:
     digest = hashlib.sha256()
     for path in list(sources or SOURCES) + list(HEADERS if headers is None else headers):
         digest.update(Path(path).read_bytes())
-    for part in (" ".join(CFLAGS), _compiler_version(), _cpu_flags(), torch.__version__, platform.machine()):
+    for part in (" ".join(CFLAGS + openmp_flags()), _compiler_version(), _cpu_flags(), torch.__version__, platform.machine()):
         digest.update(part.encode())
     return digest.hexdigest()[:16]
 
@@ -75,7 +87,8 @@ def compile_extension(sources=None, headers=None, prefix: str = "toolkit_gguf_cp
     if not (directory / f"{name}.so").exists():  # a first build takes ~20-60 s: say why the wait
         print(f"toolkit: compiling the CPU kernels {prefix} for this machine (once; cached in {directory})",
               file=sys.stderr, flush=True)
-    return cpp_extension.load(name=name, sources=sources, extra_cflags=CFLAGS, extra_include_paths=include,
+    return cpp_extension.load(name=name, sources=sources, extra_cflags=CFLAGS + openmp_flags(),
+                              extra_ldflags=openmp_flags(), extra_include_paths=include,
                               build_directory=str(directory), verbose=False)
 
 

@@ -49,8 +49,15 @@ static inline float dot(const float* a, const float* b, int64_t n) {
 }
 
 
-// Rows per parallel chunk: at least ~64K weights, so tiny matrices do not pay for a fork.
-static int64_t grain_for(int64_t cols) { return std::max<int64_t>(1, 65536 / std::max<int64_t>(cols, 1)); }
+// Rows per parallel chunk of a GEMV: at least ~4M weight-times-token products (~0.5 ms on one core).
+// Why so many: waking a sleeping OpenMP worker (passive waiting, see toolkit/__init__.py) cost
+// 100-200 us on the 2-core dev VM, so a 256x640 GEMV took 37 us on one thread and 222 us on two;
+// only the large matrices (the LM head, 12 ms -> 22 ms on one thread) gain from a second thread.
+static int64_t grain_for(int64_t cols, int64_t m = 1) {
+    return std::max<int64_t>(1, (int64_t(1) << 22) / std::max<int64_t>(cols * m, 1));
+}
+// Rows per chunk when dequantizing a prefill tile: ~256K weights.
+static int64_t dequant_grain(int64_t cols) { return std::max<int64_t>(1, (int64_t(1) << 18) / std::max<int64_t>(cols, 1)); }
 
 // x[n] (n a multiple of 32) to int8 per 32-element slice: q = round-half-even(x / d), d = max|x| / 127
 // (0 for an all-zero slice); also d and d * sum(q) per slice. |x - d q| <= d / 2.
@@ -84,7 +91,7 @@ void gemv(int64_t x_ptr, int64_t w_ptr, int64_t out_ptr, int64_t m, int64_t rows
         std::vector<float> xd(m * nsub), xsum(m * nsub);
         for (int64_t i = 0; i < m; ++i)
             quantize_activations(x + i * cols, cols, xq.data() + i * cols, xd.data() + i * nsub, xsum.data() + i * nsub);
-        at::parallel_for(0, rows, grain_for(cols), [&](int64_t begin, int64_t end) {
+        at::parallel_for(0, rows, grain_for(cols, m), [&](int64_t begin, int64_t end) {
             integer(w, row_bytes, xq.data(), xd.data(), xsum.data(), out, rows, cols, begin, end);
         });
         return;
@@ -97,7 +104,7 @@ void gemv(int64_t x_ptr, int64_t w_ptr, int64_t out_ptr, int64_t m, int64_t rows
             for (int j = 0; j < 32; ++j) s += x[32 * i + j];
             xsum[i] = s;
         }
-        at::parallel_for(0, rows, grain_for(cols), [&](int64_t begin, int64_t end) {
+        at::parallel_for(0, rows, grain_for(cols, m), [&](int64_t begin, int64_t end) {
             fused(w, row_bytes, x, xsum.data(), out, rows, cols, begin, end);
         });
         return;
@@ -105,7 +112,7 @@ void gemv(int64_t x_ptr, int64_t w_ptr, int64_t out_ptr, int64_t m, int64_t rows
 #endif
     // Generic: decode a row into a small per-thread buffer (stays in L1/L2), then one dot per
     // activation row, so the row is decoded once however many activation rows there are.
-    at::parallel_for(0, rows, grain_for(cols), [&](int64_t begin, int64_t end) {
+    at::parallel_for(0, rows, grain_for(cols, m), [&](int64_t begin, int64_t end) {
         std::vector<float> buffer(cols);
         for (int64_t r = begin; r < end; ++r) {
             dequant_row(qtype, w + r * row_bytes, buffer.data(), cols);
@@ -117,7 +124,7 @@ void gemv(int64_t x_ptr, int64_t w_ptr, int64_t out_ptr, int64_t m, int64_t rows
 void dequantize(int64_t w_ptr, int64_t out_ptr, int64_t rows, int64_t cols, int64_t row_bytes, int qtype) {
     const uint8_t* w = reinterpret_cast<const uint8_t*>(w_ptr);
     float* out = reinterpret_cast<float*>(out_ptr);
-    at::parallel_for(0, rows, grain_for(cols), [&](int64_t begin, int64_t end) {
+    at::parallel_for(0, rows, dequant_grain(cols), [&](int64_t begin, int64_t end) {
         for (int64_t r = begin; r < end; ++r) dequant_row(qtype, w + r * row_bytes, out + r * cols, cols);
     });
 }
