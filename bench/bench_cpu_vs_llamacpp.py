@@ -124,9 +124,8 @@ def main() -> None:
     parser.add_argument("--no-kernels", action="store_true", help="skip the per-type kernel table")
     args = parser.parse_args()
 
+    import toolkit  # first: it sets OMP_WAIT_POLICY=PASSIVE only if torch has not loaded yet
     import torch
-
-    import toolkit
     from toolkit.plugins.loaders.gguf.loader import demo_model_path
 
     torch.set_num_threads(args.threads)

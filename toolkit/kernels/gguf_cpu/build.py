@@ -116,6 +116,13 @@ class Extension:
                         self.module = None
         return self.module
 
+    def ready(self) -> bool:
+        """Built (on this first call if needed) and usable; cheap once decided (asked per op call)."""
+        module = self.module
+        if module is _UNSET:
+            module = self.get()
+        return module is not None
+
     def reset(self) -> None:
         self.module = _UNSET
 

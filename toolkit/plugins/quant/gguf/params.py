@@ -203,9 +203,18 @@ class GGUFParameter(ModelParameter):
         self.segments = ()
         self.finalize()
 
-    def packed_segments(self) -> list[tuple[Segment, torch.Tensor]]:
+    def packed_segments(self) -> tuple[tuple[Segment, torch.Tensor], ...]:
+        """(segment, uint8 rows view) pairs. The views are cached: a decode step asks ~130 times per
+        token, and building them (``Parameter.data`` makes a new tensor object, then narrow and view)
+        was ~3% of a CPU decode step. The cache is keyed on the segment tuple and the buffer's address,
+        which every path that replaces the bytes (finalize, load_stored, a device move) changes."""
+        cached = self.__dict__.get("_segment_views")
+        if cached is not None and not self.pending and cached[0] is self.segments and cached[1] == self.data_ptr():
+            return cached[2]
         self.finalize()
-        return [(segment, self.segment_data(segment)) for segment in self.segments]
+        views = tuple((segment, self.segment_data(segment)) for segment in self.segments)
+        self._segment_views = (self.segments, self.data_ptr(), views)
+        return views
 
     # ---- stored state (tensorizer-style save/restore of the processed parameter) ---------
     def stored_state(self) -> dict[str, torch.Tensor]:
