@@ -130,6 +130,17 @@ def test_rows_split_over_threads_and_row_slices():
         torch.set_num_threads(previous)
 
 
+@pytest.mark.skipif(not getattr(torch._C, "has_openmp", False), reason="torch without OpenMP")
+def test_parallel_for_really_uses_the_threads():
+    """The extension is built with OpenMP: without it at::parallel_for ran every kernel on one thread."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        assert build.extension().parallel_threads() == 2
+    finally:
+        torch.set_num_threads(previous)
+
+
 def test_registry_picks_the_compiled_op_on_cpu():
     packed, _ = packed_and_oracle("Q8_0", 4, 64, np.random.default_rng(6))
     x = torch.randn(1, 64)

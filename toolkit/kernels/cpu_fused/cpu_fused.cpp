@@ -35,12 +35,16 @@ static inline void norm_row(const float* x, const float* w, float* out, int64_t 
     for (int64_t i = 0; i < n; ++i) out[i] = x[i] * inv * (offset + w[i]);
 }
 
+// Rows per parallel chunk of a norm: ~256K elements (~0.1 ms). Waking a sleeping OpenMP worker costs
+// 100-200 us on a small shared machine, so a prefill's 128 x 640 norm stays on one thread.
+static int64_t norm_grain(int64_t n) { return std::max<int64_t>(1, (int64_t(1) << 18) / std::max<int64_t>(n, 1)); }
+
 // out[r] = x[r] / rms(x[r]) * (offset + w)
 void rms_norm(int64_t x_ptr, int64_t w_ptr, int64_t out_ptr, int64_t rows, int64_t n, double eps, double offset) {
     const float* x = reinterpret_cast<const float*>(x_ptr);
     const float* w = reinterpret_cast<const float*>(w_ptr);
     float* out = reinterpret_cast<float*>(out_ptr);
-    at::parallel_for(0, rows, std::max<int64_t>(1, 32768 / std::max<int64_t>(n, 1)), [&](int64_t begin, int64_t end) {
+    at::parallel_for(0, rows, norm_grain(n), [&](int64_t begin, int64_t end) {
         for (int64_t r = begin; r < end; ++r) norm_row(x + r * n, w, out + r * n, n, float(eps), float(offset));
     });
 }
@@ -53,7 +57,7 @@ void add_rms_norm(int64_t x_ptr, int64_t res_ptr, int64_t w_ptr, int64_t out_ptr
     const float* w = reinterpret_cast<const float*>(w_ptr);
     float* out = reinterpret_cast<float*>(out_ptr);
     float* total = reinterpret_cast<float*>(total_ptr);
-    at::parallel_for(0, rows, std::max<int64_t>(1, 32768 / std::max<int64_t>(n, 1)), [&](int64_t begin, int64_t end) {
+    at::parallel_for(0, rows, norm_grain(n), [&](int64_t begin, int64_t end) {
         for (int64_t r = begin; r < end; ++r) {
             for (int64_t i = 0; i < n; ++i) total[r * n + i] = x[r * n + i] + res[r * n + i];
             norm_row(total + r * n, w, out + r * n, n, float(eps), float(offset));

@@ -53,9 +53,12 @@ static inline float dot(const float* a, const float* b, int64_t n) {
 // Why so many: waking a sleeping OpenMP worker (passive waiting, see toolkit/__init__.py) cost
 // 100-200 us on the 2-core dev VM, so a 256x640 GEMV took 37 us on one thread and 222 us on two;
 // only the large matrices (the LM head, 12 ms -> 22 ms on one thread) gain from a second thread.
+static int64_t min_chunk = int64_t(1) << 22;
 static int64_t grain_for(int64_t cols, int64_t m = 1) {
-    return std::max<int64_t>(1, (int64_t(1) << 22) / std::max<int64_t>(cols * m, 1));
+    return std::max<int64_t>(1, min_chunk / std::max<int64_t>(cols * m, 1));
 }
+// Tuning hook (not called by toolkit): rerun the grain measurements on another machine.
+void set_min_chunk(int64_t products) { min_chunk = std::max<int64_t>(1, products); }
 // Rows per chunk when dequantizing a prefill tile: ~256K weights.
 static int64_t dequant_grain(int64_t cols) { return std::max<int64_t>(1, (int64_t(1) << 18) / std::max<int64_t>(cols, 1)); }
 
@@ -131,6 +134,16 @@ void dequantize(int64_t w_ptr, int64_t out_ptr, int64_t rows, int64_t cols, int6
 
 int block_elements(int qtype) { return block_elems(qtype); }
 
+// How many threads one at::parallel_for of this build really uses (a test checks it is
+// torch.get_num_threads(): built without OpenMP, parallel_for silently runs on one thread).
+int parallel_threads() {
+    std::vector<int> used(at::get_num_threads() + 1, 0);
+    at::parallel_for(0, 1024, 1, [&](int64_t, int64_t) { used.at(at::get_thread_num()) = 1; });
+    int count = 0;
+    for (int flag : used) count += flag;
+    return count;
+}
+
 // What the compiler enabled, for the bench and the logs.
 const char* isa() {
 #if defined(__AVX2__) && defined(__FMA__)
@@ -150,6 +163,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
                                        reinterpret_cast<float*>(d), reinterpret_cast<float*>(qsum));
     });
     module.def("dequantize", &gguf_cpu::dequantize, py::call_guard<py::gil_scoped_release>());
+    module.def("set_min_chunk", &gguf_cpu::set_min_chunk);
+    module.def("parallel_threads", &gguf_cpu::parallel_threads);
     module.def("block_elements", &gguf_cpu::block_elements);
     module.def("isa", &gguf_cpu::isa);
 }
