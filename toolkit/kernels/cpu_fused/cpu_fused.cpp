@@ -119,7 +119,8 @@ void gated_activation(int64_t x_ptr, int64_t out_ptr, int64_t tokens, int64_t wi
                 const float g = gate[i];
                 float a;
                 if (activation == 0) a = g / (1.0f + std::exp(-g));
-                else if (activation == 1) a = 0.5f * g * (1.0f + std::tanh(0.7978845608028654f * (g + 0.044715f * g * g * g)));
+                // 0.5 (1 + tanh z) = 1 / (1 + exp(-2z)): one expf instead of tanhf (~2x faster here)
+                else if (activation == 1) a = g / (1.0f + std::exp(-1.5957691216057308f * (g + 0.044715f * g * g * g)));
                 else a = 0.5f * g * (1.0f + std::erf(g * 0.7071067811865476f));
                 o[i] = a * up[i];
             }

@@ -35,7 +35,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, weight_offset: f
     x = x.contiguous()
     out = torch.empty_like(x)
     n = x.shape[-1]
-    EXTENSION.module.rms_norm(x.data_ptr(), weight.data_ptr(), out.data_ptr(), x.numel() // n, n, eps, weight_offset)
+    EXTENSION.get().rms_norm(x.data_ptr(), weight.data_ptr(), out.data_ptr(), x.numel() // n, n, eps, weight_offset)
     return out
 
 
@@ -43,7 +43,7 @@ def add_rms_norm(x, residual, weight, eps, weight_offset=0.0):
     x, residual = x.contiguous(), residual.contiguous()
     out, total = torch.empty_like(x), torch.empty_like(x)
     n = x.shape[-1]
-    EXTENSION.module.add_rms_norm(x.data_ptr(), residual.data_ptr(), weight.data_ptr(), out.data_ptr(),
+    EXTENSION.get().add_rms_norm(x.data_ptr(), residual.data_ptr(), weight.data_ptr(), out.data_ptr(),
                                   total.data_ptr(), x.numel() // n, n, eps, weight_offset)
     return out, total
 
@@ -62,7 +62,7 @@ def rotary_qk(positions, q, k, inv_freq, head_dim: int, rotary_dim: int):
     tokens = q.shape[0]
     q_out = torch.empty(tokens, q.shape[1], dtype=_F32)
     k_out = torch.empty(tokens, k.shape[1], dtype=_F32)
-    EXTENSION.module.rotary_qk(positions.data_ptr(), q.data_ptr(), q.stride(0), k.data_ptr(), k.stride(0),
+    EXTENSION.get().rotary_qk(positions.data_ptr(), q.data_ptr(), q.stride(0), k.data_ptr(), k.stride(0),
                                inv_freq.data_ptr(), q_out.data_ptr(), k_out.data_ptr(), tokens,
                                q.shape[1] // head_dim, k.shape[1] // head_dim, head_dim, rotary_dim)
     return q_out, k_out
@@ -82,7 +82,7 @@ def gated_activation(x: torch.Tensor, activation: str) -> torch.Tensor:
     x = x.contiguous()
     width = x.shape[-1] // 2
     out = torch.empty(*x.shape[:-1], width, dtype=_F32)
-    EXTENSION.module.gated_activation(x.data_ptr(), out.data_ptr(), x.numel() // (2 * width), width,
+    EXTENSION.get().gated_activation(x.data_ptr(), out.data_ptr(), x.numel() // (2 * width), width,
                                       ACTIVATIONS[activation])
     return out
 
@@ -99,7 +99,7 @@ def _rows_dense(t: torch.Tensor) -> bool:
 
 def store_kv(k, v, k_cache, v_cache, slot_mapping) -> None:
     width = k.shape[1] * k.shape[2]
-    EXTENSION.module.store_kv(k.data_ptr(), k.stride(0), v.data_ptr(), v.stride(0), k_cache.data_ptr(),
+    EXTENSION.get().store_kv(k.data_ptr(), k.stride(0), v.data_ptr(), v.stride(0), k_cache.data_ptr(),
                               v_cache.data_ptr(), slot_mapping.data_ptr(), k.shape[0], width)
 
 
@@ -118,7 +118,7 @@ def paged_attention(q, k_cache, v_cache, attn, scale: float, sliding_window=None
     tables = attn.block_tables
     starts = attn.query_start_loc if attn.query_start_loc.dtype == torch.int32 else attn.query_start_loc.int()
     lens = attn.seq_lens if attn.seq_lens.dtype == torch.int32 else attn.seq_lens.int()
-    EXTENSION.module.paged_attention(
+    EXTENSION.get().paged_attention(
         q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), out.data_ptr(), starts.data_ptr(), lens.data_ptr(),
         tables.data_ptr(), tables.stride(0), tables.dtype == torch.int64, lens.shape[0], tokens, heads,
         k_cache.shape[2], dim, k_cache.shape[1], float(scale), int(sliding_window or 0), float(softcap or 0.0))
