@@ -70,7 +70,8 @@ def build_key(sources=None, headers=None) -> str:
     digest = hashlib.sha256()
     for path in list(sources or SOURCES) + list(HEADERS if headers is None else headers):
         digest.update(Path(path).read_bytes())
-    for part in (" ".join(CFLAGS + openmp_flags()), _compiler_version(), _cpu_flags(), torch.__version__, platform.machine()):
+    flags = " ".join(CFLAGS + openmp_flags())
+    for part in (flags, _compiler_version(), _cpu_flags(), torch.__version__, platform.machine()):
         digest.update(part.encode())
     return digest.hexdigest()[:16]
 
