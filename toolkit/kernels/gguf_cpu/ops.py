@@ -3,8 +3,12 @@
 The weights stay in the file's packed bytes; nothing is repacked or kept dequantized.
 
 - Few activation rows (decode: ``M <= GEMV_MAX_ROWS``): one GEMV pass that decodes each block
-  as it reads it and accumulates in float32 (in registers with AVX2 + FMA; through a one-row
-  buffer in the portable build). Results equal dequantize-then-matmul up to float32 summation order.
+  as it reads it. Default (AVX2): the activations are quantized to int8 per 32-element block
+  (d = max|x| / 127) and the products are integer (``maddubs``), like llama.cpp; the result is
+  ``W @ x_hat`` with ``|x - x_hat| <= d / 2`` per element. ``TOOLKIT_GGUF_CPU_INT8=0`` (read at
+  import) keeps float32 activations, whose results equal dequantize-then-matmul up to float32
+  summation order (in registers with AVX2 + FMA; through a one-row buffer in the portable build,
+  which always uses float32).
 - Many rows (prefill): rows of the weight are dequantized, ``TILE_ELEMENTS`` at a time, into a
   reused float32 tile, and multiplied with ``torch.matmul`` (MKL/oneDNN), so the arithmetic runs
   in an optimized GEMM and the tile stays in cache.
