@@ -22,6 +22,8 @@ import threading
 import warnings
 from pathlib import Path
 
+from ...core.openmp import passive_waiting
+
 HERE = Path(__file__).parent
 SOURCES = [HERE / "gguf_cpu.cpp"]
 HEADERS = [HERE / "blocks.h", HERE / "fused.h"]
@@ -88,9 +90,10 @@ def compile_extension(sources=None, headers=None, prefix: str = "toolkit_gguf_cp
     if not (directory / f"{name}.so").exists():  # a first build takes ~20-60 s: say why the wait
         print(f"toolkit: compiling the CPU kernels {prefix} for this machine (once; cached in {directory})",
               file=sys.stderr, flush=True)
-    return cpp_extension.load(name=name, sources=sources, extra_cflags=CFLAGS + openmp_flags(),
-                              extra_ldflags=openmp_flags(), extra_include_paths=include,
-                              build_directory=str(directory), verbose=False)
+    with passive_waiting():  # the module's OpenMP runtime reads its wait policy as it loads
+        return cpp_extension.load(name=name, sources=sources, extra_cflags=CFLAGS + openmp_flags(),
+                                  extra_ldflags=openmp_flags(), extra_include_paths=include,
+                                  build_directory=str(directory), verbose=False)
 
 
 class Extension:
