@@ -25,6 +25,15 @@ from toolkit.plugins.quant.gguf import GGUFParameter, GGUFScheme
 SCHEME = GGUFScheme(torch.float32)
 
 
+@pytest.fixture(autouse=True)
+def float_activations(monkeypatch):
+    """These tests check the sharding arithmetic to float32 round-off, so the CPU GEMV keeps float32
+    activations; its default 8-bit activations have their own bound tests (test_gguf_cpu_kernels)."""
+    from toolkit.kernels.gguf_cpu import ops  # noqa: PLC0415
+
+    monkeypatch.setattr(ops, "INT8_ACTIVATIONS", False)
+
+
 @pytest.fixture(autouse=True, scope="module")
 def kernels():
     default_registry()  # installs the gguf kernel ops into the runtime

@@ -17,12 +17,17 @@ import toolkit
 @pytest.fixture(scope="module", autouse=True)
 def only_needed_plugins():
     from toolkit.core.registry import reset_default_registry  # noqa: PLC0415
+    from toolkit.kernels import runtime  # noqa: PLC0415
 
+    # the spawned workers see only these plugins: so must this process (no kernels left over from
+    # earlier tests, e.g. compiled CPU ops, whose round-off differs from the references')
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("TOOLKIT_PLUGINS", "safetensors,unquantized,qwen3-hybrid,reference-kernels,moe-kernels")
         reset_default_registry()
+        runtime.reset()
         yield
     reset_default_registry()
+    runtime.reset()
 
 
 def _expert_shapes(loaded):

@@ -79,6 +79,14 @@ def call(op_name: str, *args, **kwargs):
     return resolve(op_name, *args, **kwargs)(*args, **kwargs)
 
 
+def reset() -> None:
+    """Forget every registered implementation; the next lookup reinstalls what the (possibly
+    reconfigured) plugin registry provides. Tests that narrow ``TOOLKIT_PLUGINS`` call this with
+    ``reset_default_registry()``, so kernels an earlier test installed do not linger."""
+    _OPS.clear()
+    _CANDIDATES.clear()
+
+
 def reference(op_name: str) -> Callable:
     """The device-independent reference implementation (the oracle in tests)."""
     for impl in candidates(op_name, "any"):
