@@ -24,7 +24,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .triton_words import _k_scale_min, half_bits
+from .triton_words import _k_scale_min, _u16, _u32, half_bits
 
 Q4_0, Q5_0, Q8_0 = (tl.constexpr(v) for v in (2, 6, 8))
 Q4_K, Q5_K, Q6_K = (tl.constexpr(v) for v in (12, 13, 14))
@@ -61,16 +61,6 @@ def _byte_sum(x, DP4A: tl.constexpr):
     """Sum of the 4 signed bytes of each word (a dp4a against 0x01010101)."""
     x = x.to(tl.int32, bitcast=True)
     return dp4a(x, tl.full(x.shape, 0x01010101, tl.int32), tl.zeros(x.shape, tl.int32), DP4A)
-
-
-@triton.jit
-def _u16(ptr, index):
-    return tl.load(ptr.to(tl.pointer_type(tl.uint16)) + index).to(tl.uint32)
-
-
-@triton.jit
-def _u32(ptr, index):
-    return tl.load(ptr.to(tl.pointer_type(tl.uint32)) + index)
 
 
 @triton.jit
