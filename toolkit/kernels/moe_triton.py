@@ -43,6 +43,28 @@ def align_routes(topk_ids: torch.Tensor, num_experts: int, bm: int) -> tuple[tor
 
 
 @triton.jit
+def route_block(route_ptr, pid_m, num_routes, BM: tl.constexpr, TOP_K: tl.constexpr, PER_ROUTE_X: tl.constexpr):
+    """Block ``pid_m``'s ``BM`` routes, which are real (padding slots hold ``num_routes``), and the
+    activation row each reads (int64; its token for ``gate_up``, the route itself for ``down``)."""
+    routes = tl.load(route_ptr + pid_m * BM + tl.arange(0, BM))
+    valid = routes < num_routes
+    if PER_ROUTE_X:
+        rows = routes
+    else:
+        rows = routes // TOP_K
+    return routes, valid, tl.where(valid, rows, 0).to(tl.int64)
+
+
+@triton.jit
+def store_routes(out_ptr, acc, routes, valid, offs_n, N, weight_ptr, MUL_WEIGHT: tl.constexpr):
+    """``out[route, n] = acc`` for the real routes, times each route's weight when ``MUL_WEIGHT``."""
+    if MUL_WEIGHT:
+        acc *= tl.load(weight_ptr + routes, mask=valid, other=0.0)[:, None]
+    out = out_ptr + routes.to(tl.int64)[:, None] * N + offs_n[None, :]
+    tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=valid[:, None] & (offs_n < N)[None, :])
+
+
+@triton.jit
 def dense_moe_kernel(x_ptr, w_ptr, out_ptr, route_ptr, block_expert_ptr, weight_ptr, num_routes, num_experts,
                      N, stride_x, K: tl.constexpr, TOP_K: tl.constexpr, PER_ROUTE_X: tl.constexpr, MUL_WEIGHT: tl.constexpr,
                      BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, IEEE: tl.constexpr):
@@ -51,15 +73,10 @@ def dense_moe_kernel(x_ptr, w_ptr, out_ptr, route_ptr, block_expert_ptr, weight_
     pid_n, pid_m = tl.program_id(0), tl.program_id(1)
     expert = tl.load(block_expert_ptr + pid_m)
     if expert < num_experts:
-        routes = tl.load(route_ptr + pid_m * BM + tl.arange(0, BM))
-        valid = routes < num_routes
-        if PER_ROUTE_X:
-            rows = routes
-        else:
-            rows = routes // TOP_K
+        routes, valid, rows = route_block(route_ptr, pid_m, num_routes, BM, TOP_K, PER_ROUTE_X)
         offs_n = pid_n * BN + tl.arange(0, BN)
         w_rows = w_ptr + (expert.to(tl.int64) * N + tl.minimum(offs_n, N - 1).to(tl.int64)) * K
-        x_rows = x_ptr + tl.where(valid, rows, 0).to(tl.int64) * stride_x
+        x_rows = x_ptr + rows * stride_x
         acc = tl.zeros((BM, BN), dtype=tl.float32)
         for k0 in range(0, K, BK):
             offs_k = k0 + tl.arange(0, BK)
@@ -71,10 +88,7 @@ def dense_moe_kernel(x_ptr, w_ptr, out_ptr, route_ptr, block_expert_ptr, weight_
                 acc = tl.dot(x, tl.trans(w), acc, input_precision="ieee")
             else:
                 acc = tl.dot(x, tl.trans(w), acc)
-        if MUL_WEIGHT:
-            acc *= tl.load(weight_ptr + routes, mask=valid, other=0.0)[:, None]
-        out = out_ptr + routes.to(tl.int64)[:, None] * N + offs_n[None, :]
-        tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=valid[:, None] & (offs_n < N)[None, :])
+        store_routes(out_ptr, acc, routes, valid, offs_n, N, weight_ptr, MUL_WEIGHT)
 
 
 def block_rows(routes: int) -> int:

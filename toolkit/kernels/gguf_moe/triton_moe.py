@@ -11,7 +11,7 @@ import triton.language as tl
 from ..gguf.triton_kernels import _weights_and_x
 from ..gguf.triton_ops import WORD_GROUP, _codebook, _matmul_tile_width, _packed_ok, _tile_width, _type_args
 from ..gguf.types import type_name
-from ..moe_triton import run_moe
+from ..moe_triton import route_block, run_moe, store_routes
 from . import expert_shapes
 
 
@@ -23,15 +23,10 @@ def gguf_moe_kernel(x_ptr, w_ptr, out_ptr, table_ptr, route_ptr, block_expert_pt
     pid_n, pid_m = tl.program_id(0), tl.program_id(1)
     expert = tl.load(block_expert_ptr + pid_m)
     if expert < num_experts:
-        routes = tl.load(route_ptr + pid_m * BM + tl.arange(0, BM))
-        valid = routes < num_routes
-        if PER_ROUTE_X:
-            rows = routes
-        else:
-            rows = routes // TOP_K
+        routes, valid, rows = route_block(route_ptr, pid_m, num_routes, BM, TOP_K, PER_ROUTE_X)
         offs_n = pid_n * BN + tl.arange(0, BN)
         row_off = (expert.to(tl.int64) * N + tl.minimum(offs_n, N - 1).to(tl.int64)) * row_bytes
-        x_rows = x_ptr + tl.where(valid, rows, 0).to(tl.int64)[:, None] * stride_x
+        x_rows = x_ptr + rows[:, None] * stride_x
         x_mask = valid[:, None]
         if BM == 1:
             acc_wide = tl.zeros((BN, BK), dtype=tl.float32)
@@ -46,10 +41,7 @@ def gguf_moe_kernel(x_ptr, w_ptr, out_ptr, table_ptr, route_ptr, block_expert_pt
                 w, x = _weights_and_x(w_ptr, row_off, k0, table_ptr, x_rows, x_mask,
                                       QTYPE, TS, BLOCK, SUB, WORDS, BM, BN, BK)
                 acc = tl.dot(tl.reshape(x, (BM, BK)), tl.trans(tl.reshape(w.to(x.dtype), (BN, BK))), acc)
-        if MUL_WEIGHT:
-            acc *= tl.load(weight_ptr + routes, mask=valid, other=0.0)[:, None]
-        out = out_ptr + routes.to(tl.int64)[:, None] * N + offs_n[None, :]
-        tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=valid[:, None] & (offs_n < N)[None, :])
+        store_routes(out_ptr, acc, routes, valid, offs_n, N, weight_ptr, MUL_WEIGHT)
 
 
 DECODE = (8, 512, 4)   # BN, BK, warps for one route per program (the GEMV of gguf_matmul's decode config)
