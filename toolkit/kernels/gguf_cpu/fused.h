@@ -191,60 +191,49 @@ static void int8_rows(const uint8_t* w, int64_t row_bytes, const int8_t* xq, con
 
 using Int8RowsFn = void (*)(const uint8_t*, int64_t, const int8_t*, const float*, const float*, float*, int64_t,
                             int64_t, int64_t, int64_t);
-
-template <int QT>
-static Int8RowsFn pick_int8_m(int64_t m) {
-    switch (m) {
-        case 1: return &int8_rows<QT, 1>;
-        case 2: return &int8_rows<QT, 2>;
-        case 3: return &int8_rows<QT, 3>;
-        case 4: return &int8_rows<QT, 4>;
-        default: return nullptr;
-    }
-}
-
-static Int8RowsFn int8_for(int qtype, int64_t m) {
-    switch (qtype) {
-        case Q4_0: return pick_int8_m<Q4_0>(m);
-        case Q4_1: return pick_int8_m<Q4_1>(m);
-        case Q5_0: return pick_int8_m<Q5_0>(m);
-        case Q5_1: return pick_int8_m<Q5_1>(m);
-        case Q8_0: return pick_int8_m<Q8_0>(m);
-        case Q4_K: return pick_int8_m<Q4_K>(m);
-        case Q5_K: return pick_int8_m<Q5_K>(m);
-        case Q6_K: return pick_int8_m<Q6_K>(m);
-        default: return nullptr;
-    }
-}
-
-// Row-range worker for (type, M), or nullptr for a type without a decoder / M outside 1..4.
 using RowsFn = void (*)(const uint8_t*, int64_t, const float*, const float*, float*, int64_t, int64_t, int64_t,
                         int64_t);
 
-template <int QT>
-static RowsFn pick_m(int64_t m) {
+// The two GEMV families (float32 activations, 8-bit activations): Family::at<QT, M>() names the
+// row-range worker of type QT for M tokens.
+struct FloatRows {
+    using Fn = RowsFn;
+    template <int QT, int M> static Fn at() { return &fused_rows<QT, M>; }
+};
+struct Int8Rows {
+    using Fn = Int8RowsFn;
+    template <int QT, int M> static Fn at() { return &int8_rows<QT, M>; }
+};
+
+template <class Family, int QT>
+static typename Family::Fn pick_m(int64_t m) {
     switch (m) {
-        case 1: return &fused_rows<QT, 1>;
-        case 2: return &fused_rows<QT, 2>;
-        case 3: return &fused_rows<QT, 3>;
-        case 4: return &fused_rows<QT, 4>;
+        case 1: return Family::template at<QT, 1>();
+        case 2: return Family::template at<QT, 2>();
+        case 3: return Family::template at<QT, 3>();
+        case 4: return Family::template at<QT, 4>();
         default: return nullptr;
     }
 }
 
-static RowsFn fused_for(int qtype, int64_t m) {
+// Row-range worker of a family for (type, M), or nullptr for a type without a decoder / M outside 1..4.
+template <class Family>
+static typename Family::Fn rows_for(int qtype, int64_t m) {
     switch (qtype) {
-        case Q4_0: return pick_m<Q4_0>(m);
-        case Q4_1: return pick_m<Q4_1>(m);
-        case Q5_0: return pick_m<Q5_0>(m);
-        case Q5_1: return pick_m<Q5_1>(m);
-        case Q8_0: return pick_m<Q8_0>(m);
-        case Q4_K: return pick_m<Q4_K>(m);
-        case Q5_K: return pick_m<Q5_K>(m);
-        case Q6_K: return pick_m<Q6_K>(m);
+        case Q4_0: return pick_m<Family, Q4_0>(m);
+        case Q4_1: return pick_m<Family, Q4_1>(m);
+        case Q5_0: return pick_m<Family, Q5_0>(m);
+        case Q5_1: return pick_m<Family, Q5_1>(m);
+        case Q8_0: return pick_m<Family, Q8_0>(m);
+        case Q4_K: return pick_m<Family, Q4_K>(m);
+        case Q5_K: return pick_m<Family, Q5_K>(m);
+        case Q6_K: return pick_m<Family, Q6_K>(m);
         default: return nullptr;
     }
 }
+
+static RowsFn fused_for(int qtype, int64_t m) { return rows_for<FloatRows>(qtype, m); }
+static Int8RowsFn int8_for(int qtype, int64_t m) { return rows_for<Int8Rows>(qtype, m); }
 
 }  // namespace gguf_cpu
 
