@@ -53,21 +53,11 @@ def _check_hf_keys(hf: Mapping, file: str | None, *, prefix: str) -> None:
     for key, (low, high) in HF_SIZES.items():
         if key in present:
             v.integer(present[key], key=prefix + key, file=file, minimum=low, maximum=high)
-    for key in HF_POSITIVE_REALS:
-        if key in present:
-            v.real(present[key], key=prefix + key, file=file)
-    for key in HF_FLAGS:
-        if key in present:
-            v.flag(present[key], key=prefix + key, file=file)
-    for key in HF_TEXTS:
-        if key in present:
-            v.text(present[key], key=prefix + key, file=file)
-    for key in HF_TOKEN_IDS:
-        if key in present:
-            v.integers(present[key], key=prefix + key, file=file)
-    for key in HF_MAPPINGS:
-        if key in present:
-            v.mapping(present[key], key=prefix + key, file=file)
+    for keys, check in ((HF_POSITIVE_REALS, v.real), (HF_FLAGS, v.flag), (HF_TEXTS, v.text),
+                        (HF_TOKEN_IDS, v.integers), (HF_MAPPINGS, v.mapping)):
+        for key in keys:
+            if key in present:
+                check(present[key], key=prefix + key, file=file)
 
 
 def check_model_config(config: ModelConfig, *, file: str | None) -> ModelConfig:
