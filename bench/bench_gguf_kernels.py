@@ -39,6 +39,10 @@ DP4A_COMPARE = {"decode": [(1, 2, 1024, 1, 2)], "small": [(8, 1, 512, 2, 2)]}
 DP4A_SWEEP = {"decode": [(1, 1, 2048, 1, 2), (1, 1, 4096, 1, 2), (1, 1, 1024, 1, 2), (1, 2, 2048, 1, 2)],
               "small": [(8, 1, 1024, 2, 2), (8, 1, 512, 1, 2), (8, 2, 512, 4, 2), (4, 1, 1024, 1, 2), (8, 1, 256, 1, 2),
                         (8, 1, 2048, 4, 2), (16, 1, 512, 4, 2)]}
+# int8 tensor-core kernel (BN rows per program, num_warps); BM is the token count rounded up (16-64)
+MMQ_COMPARE = [(64, 4), (32, 4)]
+MMQ_SWEEP = [(128, 8), (128, 4), (64, 8), (16, 4)]
+
 
 def random_packed(name: str, rows: int, cols: int) -> torch.Tensor:
     from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
@@ -81,6 +85,11 @@ def variants(name: str, rows: int, cols: int, tokens: int, sweep: bool, copies: 
         float_config = (triton_ops.DECODE_CONFIG_BY_TYPE.get(name, triton_ops.DECODE_CONFIG) if tokens == 1
                         else triton_ops.SMALL_BATCH_CONFIG)
         out["float_kernel"] = each(lambda data, dense: triton_ops.fused_matmul(x, data, qtype, cols, float_config))
+    if regime in ("small", "batch") and name in triton_ops.MMQ_TYPES:  # the int8 tensor-core kernel's tile shapes
+        for bn, warps in MMQ_COMPARE + (MMQ_SWEEP if sweep else []):
+            out[f"mmq_n{bn}w{warps}"] = each(
+                lambda data, dense, bn=bn, warps=warps: triton_ops.mmq_matmul(x, data, qtype, cols, bn=bn,
+                                                                                num_warps=warps))
     if regime != "decode":
         out["triton_dequant+mm"] = each(lambda data, dense: x @ triton_ops.gguf_dequantize(data, qtype, cols,
                                                                                            x.dtype).T)

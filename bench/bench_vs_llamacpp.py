@@ -43,12 +43,25 @@ def _binary(build: Path, name: str) -> Path:
     raise FileNotFoundError(f"{name} not found under {build} (build it: docs/benchmarks.md)")
 
 
+def _load_time(stderr: str) -> dict:
+    """llama_perf_context_print's first "load time": from the start of the model load to the end of
+    the first evaluation (weights, vocabulary, context, and that first batch: llama.cpp's own
+    definition, so it slightly overstates the load), or, if the log has none, its lines that
+    mention loading (to see why)."""
+    load = re.search(r"load time\s*=\s*([0-9.]+) ms", stderr)
+    if load:
+        return {"load_s": float(load.group(1)) / 1e3}
+    return {"load_lines": [line for line in stderr.splitlines() if "load" in line.lower()][-8:]}
+
+
 def llama_bench(build: Path, model: str, prompt: int, gen: int) -> dict:
     cmd = [str(_binary(build, "llama-bench")), "-m", model, "-fa", "1", "-p", str(prompt), "-n", str(gen),
-           "-ngl", "99", "-o", "json"]
-    out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+           "-ngl", "99", "-o", "json", "-v"]   # -v: its log (with the load time) goes to stderr
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    out = proc.stdout
     rows = json.loads(out[out.index("["):out.rindex("]") + 1])      # the JSON array, whatever surrounds it
     result = {"command": " ".join(cmd)}
+    result.update(_load_time(proc.stderr))
     for row in rows:
         if row["n_prompt"] and not row["n_gen"]:
             result["prefill_tok_s"] = row["avg_ts"]
@@ -64,10 +77,7 @@ def llama_batched_bench(build: Path, model: str, batches, input_len: int, output
            "-ngl", "99", "--output-format", "jsonl"]
     proc = subprocess.run(cmd, capture_output=True, text=True, check=True)
     result = {"command": " ".join(cmd), "decode_tok_s": {}}
-    # llama_perf_context_print's "load time": model load to the first evaluation (weights + vocab)
-    load = re.search(r"load time\s*=\s*([0-9.]+) ms", proc.stderr)
-    if load:
-        result["load_s"] = float(load.group(1)) / 1e3
+    result.update(_load_time(proc.stderr))
     for line in (proc.stdout + "\n" + proc.stderr).splitlines():
         line = line.strip()
         if line.startswith("{") and '"speed_tg"' in line:
@@ -85,14 +95,18 @@ def toolkit_worker(model: str, batches, input_len: int, output_len: int, prompt:
     import toolkit  # noqa: PLC0415
     from toolkit.core.engine import benchmark  # noqa: PLC0415
 
+    if device == "cuda":  # CUDA's own start-up is not loading (llama.cpp's load time excludes it too)
+        torch.empty(1, device="cuda")
     start = time.perf_counter()
-    llm = toolkit.LLM(model, device=device, max_num_seqs=max(batches), enable_prefix_caching=False)
+    loaded = toolkit.load(model, device=device)     # weights and tokenizer: what llama.cpp's load time covers
     load_s = time.perf_counter() - start
+    llm = toolkit.LLM(loaded, max_num_seqs=max(batches), enable_prefix_caching=False)
+    engine_s = time.perf_counter() - start - load_s  # KV cache and decode-graph capture
     rows = benchmark.run(llm, list(batches), input_len, output_len)
     decode = {row["batch_size"]: row["batch_size"] * 1e3 / row["tpot_p50_ms"] for row in rows}
     benchmark.measure(llm, 1, prompt, 2, seed=99)                     # warm-up at the prefill shape
     ttft = [benchmark.measure(llm, 1, prompt, 1, seed=100 + i)["ttft_p50_ms"] for i in range(5)]
-    result = {"load_s": load_s, "decode_tok_s": decode, "rows": rows, "prefill_ttft_ms": ttft,
+    result = {"load_s": load_s, "engine_setup_s": engine_s, "decode_tok_s": decode, "rows": rows, "prefill_ttft_ms": ttft,
               "prefill_tok_s": prompt * 1e3 / statistics.median(ttft),
               "device": torch.cuda.get_device_name() if device == "cuda" else device,
               "cuda_graphs": llm.executor.runner.graphs is not None,

@@ -125,3 +125,27 @@ def test_seeded_sampling_on_cuda_is_reproducible(cuda_model):
     mixed = llm.generate(prompts([4, 10, 20], seed=0)[:1] + prompts([10]) + prompts([20], seed=3),
                          [SamplingParams(max_tokens=10, temperature=1.0), params, SamplingParams(max_tokens=10)])
     assert mixed[1].token_ids == first
+
+
+def test_prefill_graphs_equal_eager_prefill_and_mixed_steps(cuda_model):
+    """Prefill and mixed steps replayed from lazily captured (tokens, sequences) buckets give the
+    eager step's logits; each step is run eagerly first, and the graph rewrites the same KV."""
+    from toolkit.core.engine.model_runner import StepInput  # noqa: PLC0415
+
+    llm = LLM(cuda_model, max_num_seqs=8, max_num_batched_tokens=256)
+    runner = llm.executor.runner
+    assert runner.prefill_graphs is not None
+    a, b, c = prompts([38, 50, 36], seed=7)
+    tables = [[0, 1, 2], [3, 4, 5, 6], [7, 8, 9]]  # blocks of 16 tokens, disjoint per sequence
+    steps = [  # A's prompt and C's first 16 tokens; then A decodes, B's whole prompt, C's next 20
+        StepInput(a[:37] + c[:16], [37, 16], [0, 0], [tables[0], tables[2]], [0, 1]),
+        StepInput([a[37]] + b + c[16:], [1, 50, 20], [37, 0, 16], tables, [0, 1, 2]),
+        StepInput(b[:5], [5], [0], [tables[1]], [0]),
+    ]
+    for step, bucket in zip(steps, [(64, 2), (128, 4), (16, 1)]):
+        eager = runner.execute(step, graphs=False)
+        graphed = runner.execute(step)
+        assert bucket in runner.prefill_graphs.graphs
+        assert graphed.shape == eager.shape == (len(step.sample_rows), cuda_model.config.vocab_size)
+        torch.testing.assert_close(graphed, eager, atol=1e-4, rtol=1e-4)
+    assert runner.prefill_graphs.note is None

@@ -259,14 +259,14 @@ def test_triton_matmul_within_rounding_bound(name, dtype):
     rows, cols = 96, 1024
     packed, qtype = cuda_case(name, rows, cols, 8)
     weight = gguf_dequantize(packed, qtype, cols, torch.float32)
-    for tokens in (1, 3, 8, 16, 17, 100):
+    for tokens in (1, 3, 8, 16, 17, 64, 65, 100):
         x = torch.randn(tokens, cols, device="cuda").to(dtype)
         assert runtime.resolve("gguf_matmul", x, packed, qtype, cols) is triton_ops.gguf_matmul
         got = runtime.call("gguf_matmul", x, packed, qtype, cols)
         assert got.dtype == dtype and got.shape == (tokens, rows)
         exact = x.double() @ weight.double().T
         bound = x.double().abs() @ weight.double().abs().T
-        if tokens <= triton_ops.DP4A_MAX_TOKENS and name in triton_ops.DP4A_STEP:  # 8-bit activations (triton_dp4a)
+        if triton_ops.int8_activations(qtype, cols, tokens, packed):  # 8-bit activations (dp4a, mmq)
             bound = 3 * unit * bound + activation_rounding_bound(x, weight)
         else:
             bound = 3 * unit * bound
@@ -314,3 +314,23 @@ def test_dp4a_gemv_within_activation_rounding(name):
     packed, qtype = cuda_case(name, 8, 256, 12)
     assert torch.equal(triton_ops.dp4a_matmul(zero, packed, qtype, 256), torch.zeros(2, 8, device="cuda",
                                                                                    dtype=torch.bfloat16))
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("name", ["Q4_0", "Q8_0", "Q4_K", "Q6_K"])
+def test_mmq_within_activation_rounding(name):
+    """The int8 tensor-core kernel (triton_mmq) against float64 on the dequantized weight: within the
+    activation rounding bound, for row and token counts off the tile sizes and several tile shapes."""
+    from toolkit.kernels.gguf import triton_ops
+    for rows, cols in ((37, 512), (130, 2048), (64, 256)):
+        packed, qtype = cuda_case(name, rows, cols, 13)
+        weight = gguf_dequantize(packed, qtype, cols, torch.float32)
+        for tokens in (2, 5, 16, 33, 64):
+            x = torch.randn(tokens, cols, device="cuda").to(torch.bfloat16)
+            exact = x.double() @ weight.double().T
+            bound = 3 * 2 ** -8 * (x.double().abs() @ weight.double().abs().T) + activation_rounding_bound(x, weight)
+            for bm, bn, warps, split in ((None, 64, 4, None), (16, 32, 4, 1), (32, 128, 8, 2), (64, 16, 4, 3)):
+                got = triton_ops.mmq_matmul(x, packed, qtype, cols, bm=bm, bn=bn, num_warps=warps, split=split)
+                assert got.shape == (tokens, rows) and got.dtype == torch.bfloat16
+                assert ((got.double() - exact).abs() <= bound).all(), (name, rows, cols, tokens, bm, bn, split)

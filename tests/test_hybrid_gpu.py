@@ -93,9 +93,16 @@ def _engine_tokens(model, prompts, *, eager: bool, replays: list | None = None):
              enforce_eager=eager) as llm:
         runner = llm.executor.runner
         assert (runner.graphs is None) == eager
-        if replays is not None:
-            original = runner.graphs.run
-            runner.graphs.run = lambda step: replays.append(len(step.query_lens)) or original(step)
+        if replays is not None:  # (decode or prefill, sequences) of every step replayed from a graph
+            decode, prefill = runner.graphs.run, runner.prefill_graphs.run
+            runner.graphs.run = lambda step: replays.append(("decode", len(step.query_lens))) or decode(step)
+
+            def prefill_replay(step, key):
+                logits = prefill(step, key)
+                if logits is not None:  # None: the bucket could not be captured and runs eagerly
+                    replays.append(("prefill", len(step.query_lens)))
+                return logits
+            runner.prefill_graphs.run = prefill_replay
         outputs = llm.generate(prompts, SamplingParams(max_tokens=10, temperature=0, ignore_eos=True))
     return [o.token_ids for o in outputs]
 
@@ -108,8 +115,8 @@ def test_engine_decode_from_cuda_graphs_matches_eager_and_cpu_greedy(tiny, no_tf
     model = toolkit.load(tiny, device="cuda", dtype=torch.float32)  # CUDA defaults to bf16; compare in fp32
     single = [model.generate(p, 10, stop_token_ids=[]) for p in prompts]
     eager = _engine_tokens(model, prompts, eager=True)
-    replays: list[int] = []
+    replays: list[tuple[str, int]] = []
     graphs = _engine_tokens(model, prompts, eager=False, replays=replays)
-    assert replays  # decode steps ran from captured graphs
+    assert {kind for kind, _ in replays} == {"decode", "prefill"}  # both kinds of step ran from graphs
     assert graphs == eager == single
     assert graphs == expected

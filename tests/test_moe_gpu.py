@@ -73,3 +73,21 @@ def test_moe_decode_in_cuda_graphs_equals_eager(source, tmp_path):
     eager = LLM(loaded, max_num_seqs=8, enforce_eager=True)
     assert [o.token_ids for o in graphs.generate(prompts, greedy)] == \
         [o.token_ids for o in eager.generate(prompts, greedy)]
+    prefill = graphs.executor.runner.prefill_graphs
+    assert prefill.graphs and prefill.note is None  # the prompts' step ran from a captured prefill graph
+
+
+@pytest.mark.parametrize("tokens, experts, top_k, renormalize, dtype", [
+    (1, 128, 8, True, torch.bfloat16), (37, 128, 8, False, torch.bfloat16), (5, 60, 4, True, torch.float32),
+    (9, 512, 10, True, torch.float16), (0, 16, 2, True, torch.float32)])
+def test_triton_route_matches_reference(tokens, experts, top_k, renormalize, dtype):
+    """One-launch routing (softmax, top-k, renormalisation) against the torch reference."""
+    from toolkit.kernels import moe, moe_triton  # noqa: PLC0415
+
+    g = torch.Generator().manual_seed(tokens + experts)
+    logits = torch.randn(tokens, experts, generator=g).to("cuda", dtype)
+    assert runtime.resolve("moe_route", logits, top_k, renormalize) is moe_triton.moe_route
+    weights, ids = moe_triton.moe_route(logits, top_k, renormalize)
+    expected_weights, expected_ids = moe.moe_route(logits, top_k, renormalize)
+    assert ids.dtype == expected_ids.dtype and torch.equal(ids, expected_ids)
+    torch.testing.assert_close(weights, expected_weights, atol=1e-6, rtol=1e-5)

@@ -13,9 +13,10 @@ Shared by 16-bit weights (``fused_moe``, here) and packed GGUF experts (``gguf_m
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 import triton
 import triton.language as tl
+
+from . import runtime
 
 DECODE_ROUTES = 64  # up to this many routes, one route per program (BM=1, no sorting)
 BM_GROUPED = 16
@@ -103,8 +104,7 @@ def run_moe(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
     bm = block_rows(tokens * top_k)
     route, block_expert = align_routes(topk_ids, num_experts, bm)
     gate_up = matmul(x, "gate_up", 2 * inter, route, block_expert, None, bm, top_k)
-    gate, up = gate_up.chunk(2, dim=-1)
-    hidden = (F.silu(gate) * up) if activation == "silu" else None
+    hidden = runtime.call("gated_activation", gate_up, activation)   # one fused kernel on CUDA
     weights = topk_weights.reshape(-1).float().contiguous()
     down = matmul(hidden.contiguous(), "down", x.shape[-1], route, block_expert, weights, bm, top_k)
     return down.view(tokens, top_k, -1).sum(dim=1, dtype=torch.float32).to(x.dtype)
@@ -135,4 +135,47 @@ fused_moe.supports = lambda x, gate_up, down, topk_weights, topk_ids, activation
     and down.dtype == x.dtype and gate_up.is_contiguous() and down.is_contiguous() and activation == "silu"
     and x.dim() == 2 and x.is_contiguous())
 
-OPS = {"fused_moe": fused_moe}
+@triton.jit
+def route_kernel(logits_ptr, weights_ptr, ids_ptr, num_experts, stride_t, TOP_K: tl.constexpr,
+                 K_PAD: tl.constexpr, RENORMALIZE: tl.constexpr, BE: tl.constexpr):
+    """Program t: softmax of token t's router logits in float32, its top ``TOP_K`` (largest first,
+    the lowest expert among equal probabilities), optionally renormalised to sum to 1."""
+    t = tl.program_id(0).to(tl.int64)
+    e = tl.arange(0, BE)
+    ok = e < num_experts
+    logits = tl.load(logits_ptr + t * stride_t + e, mask=ok, other=float("-inf")).to(tl.float32)
+    p = tl.exp(logits - tl.max(logits, axis=0))
+    probs = tl.where(ok, p / tl.sum(p, axis=0), -1.0)
+    k = tl.arange(0, K_PAD)
+    top_w = tl.zeros((K_PAD,), dtype=tl.float32)
+    top_id = tl.zeros((K_PAD,), dtype=tl.int64)
+    for i in tl.static_range(TOP_K):
+        best = tl.max(probs, axis=0)
+        pick = tl.min(tl.where(probs == best, e, BE), axis=0)
+        top_w = tl.where(k == i, best, top_w)
+        top_id = tl.where(k == i, pick.to(tl.int64), top_id)
+        probs = tl.where(e == pick, -1.0, probs)
+    if RENORMALIZE:
+        top_w = top_w / tl.sum(top_w, axis=0)
+    tl.store(weights_ptr + t * TOP_K + k, top_w, mask=k < TOP_K)
+    tl.store(ids_ptr + t * TOP_K + k, top_id, mask=k < TOP_K)
+
+
+def moe_route(router_logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """The reference's contract in one launch (the reference takes ~6: softmax, top-k's two, sum, divide)."""
+    tokens, num_experts = router_logits.shape
+    weights = torch.empty(tokens, top_k, dtype=torch.float32, device=router_logits.device)
+    ids = torch.empty(tokens, top_k, dtype=torch.int64, device=router_logits.device)
+    if tokens:
+        route_kernel[(tokens,)](router_logits, weights, ids, num_experts, router_logits.stride(0), TOP_K=top_k,
+                                K_PAD=triton.next_power_of_2(top_k), RENORMALIZE=renormalize,
+                                BE=triton.next_power_of_2(num_experts), num_warps=1 if num_experts <= 256 else 4)
+    return weights, ids
+
+
+moe_route.supports = lambda router_logits, top_k, renormalize: (
+    router_logits.is_cuda and router_logits.dim() == 2 and router_logits.stride(-1) == 1
+    and 0 < top_k <= router_logits.shape[1] <= 4096
+    and router_logits.dtype in (torch.float16, torch.bfloat16, torch.float32))
+
+OPS = {"fused_moe": fused_moe, "moe_route": moe_route}

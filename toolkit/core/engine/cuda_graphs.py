@@ -47,9 +47,8 @@ class DecodeGraphs:
         return model.compute_logits(hidden)
 
     @torch.inference_mode()
-    def capture(self) -> None:
+    def capture(self, pool) -> None:
         """Capture largest first, so the smaller graphs reuse the largest one's memory pool."""
-        pool = torch.cuda.graph_pool_handle()
         for size in reversed(self.batch_sizes):
             self._forward(size)  # warm-up outside capture: compiles kernels, settles the allocator
             torch.cuda.synchronize(self.device)

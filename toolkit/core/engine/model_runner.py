@@ -14,6 +14,7 @@ tensor parallelism the same step runs on every rank from the parent's descriptio
 from __future__ import annotations
 
 import itertools
+import os
 import warnings
 from dataclasses import dataclass, field
 
@@ -24,6 +25,7 @@ from ..layers.attention import AttentionMetadata
 from ..layers.recurrent import allocate_states, bind_states, recurrent_states
 from . import kv_cache
 from .cuda_graphs import DecodeGraphs
+from .prefill_graphs import PrefillGraphs
 
 
 @dataclass(frozen=True)
@@ -96,6 +98,8 @@ class ModelRunner:
         self.caches: list[tuple[torch.Tensor, torch.Tensor]] = []  # ours, even while another engine binds its own
         self.state_tensors: list[dict[str, torch.Tensor]] = []
         self.graphs: DecodeGraphs | None = None
+        self.prefill_graphs: PrefillGraphs | None = None  # captured lazily, per bucket, as steps need them
+        self._prefill_noted = False
         self.graph_note: str | None = None     # why decode runs eagerly on CUDA, if it does
 
     # ---- KV cache and state pool -------------------------------------------------------------
@@ -174,20 +178,23 @@ class ModelRunner:
         """Capture the decode graphs; a capture that fails (a kernel that syncs with the host, say)
         leaves the engine eager with a note, never broken."""
         graphs = DecodeGraphs(self, max_batch_size=self.config.max_num_seqs)
+        pool = torch.cuda.graph_pool_handle()  # one pool for every graph: only one replays at a time
         try:
-            graphs.capture()
+            graphs.capture(pool)
         except Exception as exc:  # noqa: BLE001 - whatever a kernel raised inside capture
             torch.cuda.synchronize(self.device)
             self.graph_note = f"CUDA graph capture failed ({type(exc).__name__}: {str(exc).splitlines()[0][:200]})"
             return
         self.graphs = graphs
+        if os.environ.get("TOOLKIT_PREFILL_GRAPHS", "1") != "0":
+            self.prefill_graphs = PrefillGraphs(self, pool, self.config.max_num_batched_tokens)
 
     @property
     def null_slot(self) -> int:
         return self.num_slots
 
     def close(self) -> None:
-        self.graphs = None
+        self.graphs = self.prefill_graphs = None
         kv_cache.unbind(self.layers, self.caches)
         if self.states and self.states[0].tensors is (self.state_tensors[0] if self.state_tensors else None):
             bind_states(self.states, None)
@@ -203,12 +210,21 @@ class ModelRunner:
         if self.state_tensors and self.states[0].tensors is not self.state_tensors[0]:
             bind_states(self.states, self.state_tensors)
         if graphs and self.graphs is not None and not step.all_logits_rows and self.graphs.can_run(step):
-            logits = self.graphs.run(step)
-        else:
-            input_ids, positions, attn = self.prepare(step)
-            hidden = self.model(input_ids, positions, attn)
-            logits = self.model.compute_logits(hidden[self._logits_positions(step)])
-        return logits
+            return self.graphs.run(step)
+        if graphs and self.prefill_graphs is not None and (key := self.prefill_graphs.bucket(step)):
+            logits = self.prefill_graphs.run(step, key)
+            if logits is not None:
+                return logits
+            self._note_prefill_eager()
+        input_ids, positions, attn = self.prepare(step)
+        hidden = self.model(input_ids, positions, attn)
+        return self.model.compute_logits(hidden[self._logits_positions(step)])
+
+    def _note_prefill_eager(self) -> None:
+        note = self.prefill_graphs.note
+        if note and not self._prefill_noted:
+            self._prefill_noted = True
+            warnings.warn(f"a prefill bucket runs without CUDA graphs: {note}", stacklevel=3)
 
     def _logits_positions(self, step: StepInput) -> torch.Tensor:
         """Flat token positions whose logits ``execute`` returns, in its order."""
@@ -218,8 +234,8 @@ class ModelRunner:
             rows.extend(range(ends[row] - step.query_lens[row], ends[row]))
         return self._tensor(rows)
 
-    def prepare(self, step: StepInput) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
-        """Flat input ids and positions, and the metadata that tells attention where KV lives."""
+    def host_batch(self, step: StepInput) -> dict[str, torch.Tensor]:
+        """The step's flat positions, KV slots and per-sequence offsets, built on the host."""
         query_lens = torch.tensor(step.query_lens, dtype=torch.int64)
         starts = torch.tensor(step.starts, dtype=torch.int64)
         query_start_loc = torch.zeros(len(step.query_lens) + 1, dtype=torch.int64)
@@ -229,13 +245,19 @@ class ModelRunner:
         block_tables = self.block_table_tensor(step.block_tables)
         slots = (block_tables[seq_index, positions // self.config.block_size].long() * self.config.block_size
                  + positions % self.config.block_size)
-        seq_lens = starts + query_lens
+        return {"query_start_loc": query_start_loc, "positions": positions, "slots": slots,
+                "seq_lens": starts + query_lens, "block_tables": block_tables}
+
+    def prepare(self, step: StepInput) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
+        """Flat input ids and positions, and the metadata that tells attention where KV lives."""
+        batch = self.host_batch(step)
         attn = AttentionMetadata(
-            query_start_loc=self._tensor(query_start_loc, torch.int32), seq_lens=self._tensor(seq_lens, torch.int32),
-            slot_mapping=self._tensor(slots), block_tables=self._tensor(block_tables),
-            max_query_len=max(step.query_lens), max_seq_len=int(seq_lens.max()),
+            query_start_loc=self._tensor(batch["query_start_loc"], torch.int32),
+            seq_lens=self._tensor(batch["seq_lens"], torch.int32), slot_mapping=self._tensor(batch["slots"]),
+            block_tables=self._tensor(batch["block_tables"]), max_query_len=max(step.query_lens),
+            max_seq_len=int(batch["seq_lens"].max()),
             state_slots=None if step.state_slots is None else self._tensor(step.state_slots))
-        return self._tensor(step.token_ids), self._tensor(positions), attn
+        return self._tensor(step.token_ids), self._tensor(batch["positions"]), attn
 
     @staticmethod
     def block_table_tensor(block_tables: list[list[int]], width: int | None = None) -> torch.Tensor:

@@ -7,7 +7,8 @@ Launch choices (measured by ``bench/bench_gguf_kernels.py --sweep``; see the con
 - ``T == 1`` (decode): for Q4_0, Q5_0, Q8_0, Q4_K, Q5_K, Q6_K the int8-activation dp4a GEMV
   (``triton_dp4a``; ``TOOLKIT_GGUF_DP4A=0`` turns it off); for the other types, and then, the
   float32 multiply-accumulate kernel (``BM=1``) on word-wise tiles.
-- ``T <= FUSED_MAX_TOKENS``: the fused ``tl.dot`` kernel with ``BM=16``.
+- ``T <= FUSED_MAX_TOKENS``: for Q4_K the int8 tensor-core kernel (``triton_mmq``), for the
+  other types the fused ``tl.dot`` kernel with ``BM=16``.
 - larger ``T`` (prefill): Triton dequantize to x's dtype, then the dense matmul (cuBLAS): 3-4x
   faster than the fused kernel at BM=128, which re-unpacks W once per token tile.
 """
@@ -24,6 +25,7 @@ from .bits import IQ4_NL_VALUES
 from .types import block_size, type_name, type_size
 from .triton_dp4a import STEP_AXES, gemv_kernel, quantize_activations_kernel
 from .triton_kernels import dequantize_kernel, matmul_kernel
+from .triton_mmq import MMQ_TYPES, mmq_kernel
 
 # Scale sub-block per type: the tile width must be a multiple of it.
 SUB_BLOCK = {"Q4_0": 32, "Q4_1": 32, "Q5_0": 32, "Q5_1": 32, "Q8_0": 32, "IQ4_NL": 32,
@@ -86,6 +88,16 @@ DP4A_SMALL_BATCH_CONFIG = GemvConfig(bm=8, bn=2, bk=512, num_warps=4)
 # 4096x14336 and 14336x4096) its best shape, 95-195 us, lost to the float tl.dot kernel (71-112 us)
 # for every type but Q8_0 at 4096x14336: the multi-token dp4a path stays a measured option, not the default.
 DP4A_MAX_TOKENS = 1
+
+
+# Tokens and types for which gguf_matmul takes the int8 tensor-core kernel (triton_mmq). From
+# bench/bench_gguf_kernels.py (CUDA-graph timing, H100, T = 2/8/16/32, 14336x4096, 4096x14336 and
+# 4096x4096): for Q4_K at T <= 16 it beat the float tl.dot kernel at the two large shapes (58-74 us
+# against 76, 78-87 against 98) and tied at 4096x4096; for Q4_0, Q6_K and Q8_0 the float kernel was
+# faster (their unpacking into int8 blocks costs more than the float path's), and at T = 32
+# dequantize + cuBLAS was as fast or faster. Those types stay measured options.
+MMQ_MIN_TOKENS, MMQ_MAX_TOKENS = 2, 16
+MMQ_DISPATCH = frozenset({"Q4_K"})
 
 
 # The Triton interpreter (TRITON_INTERPRET=1, CPU) cannot run PTX: the kernels then compute the
@@ -229,11 +241,50 @@ def _dp4a_ok(data: torch.Tensor, qtype: int, cols: int) -> bool:
             and (name not in ("Q4_K", "Q5_K") or data.stride(0) % 4 == 0))
 
 
+def mmq_matmul(x: torch.Tensor, data: torch.Tensor, qtype: int, cols: int, bm: int | None = None, bn: int = 64,
+               num_warps: int = 4, split: int | None = None) -> torch.Tensor:
+    """``x [T, cols] @ W.T`` on int8 tensor cores (``triton_mmq``): 8-bit activations in blocks of 32;
+    ``[T, rows]`` in x's dtype. ``bm``: tokens per program (default: T rounded up, 16 to 64);
+    ``split``: K splits (None: enough programs to fill the SMs, as the float kernel)."""
+    tokens, rows = x.shape[0], data.shape[0]
+    words, scales = quantize_activations(x)
+    quants = words.view(torch.int8)                                          # [T, cols], natural order
+    sums = scales
+    if type_name(qtype) == "Q4_K":  # d * sum(q) per block, for the minimum term
+        sums = quants.view(tokens, cols // 32, 32).sum(-1, dtype=torch.int32).float() * scales
+    bm = bm or max(16, min(64, triton.next_power_of_2(tokens)))
+    grid_nm = (triton.cdiv(rows, bn), triton.cdiv(tokens, bm))
+    block = MMQ_TYPES[type_name(qtype)]
+    if split is None:
+        split = _split_k(grid_nm[0] * grid_nm[1], cols // block, x.device)
+    while (cols // block) % split:  # each split: whole blocks
+        split -= 1
+    out = torch.empty(split, tokens, rows, dtype=x.dtype if split == 1 else torch.float32, device=x.device)
+    mmq_kernel[(*grid_nm, split)](
+        quants, scales, sums, data, out, tokens, rows, cols, cols // split, data.stride(0), out.stride(1),
+        out.stride(0), QTYPE=int(qtype), TS=type_size(qtype), BM=bm, BN=bn, num_warps=num_warps)
+    return out[0] if split == 1 else out.sum(0).to(x.dtype)
+
+
+def _mmq_ok(qtype: int, cols: int) -> bool:
+    name = type_name(qtype)
+    return name in MMQ_DISPATCH and cols % MMQ_TYPES[name] == 0 and dp4a_enabled()
+
+
+def int8_activations(qtype: int, cols: int, tokens: int, data: torch.Tensor | None = None) -> bool:
+    """Whether ``gguf_matmul`` rounds these activations to int8 blocks (the dp4a or the mmq kernel)."""
+    if tokens <= DP4A_MAX_TOKENS:
+        return data is not None and _dp4a_ok(data, qtype, cols)
+    return MMQ_MIN_TOKENS <= tokens <= MMQ_MAX_TOKENS and _mmq_ok(qtype, cols)
+
+
 def gguf_matmul(x: torch.Tensor, data: torch.Tensor, qtype: int, cols: int) -> torch.Tensor:
     flat = x.reshape(-1, cols).contiguous()
     tokens = flat.shape[0]
     if tokens <= DP4A_MAX_TOKENS and _dp4a_ok(data, qtype, cols):
         out = dp4a_matmul(flat, data, qtype, cols)
+    elif MMQ_MIN_TOKENS <= tokens <= MMQ_MAX_TOKENS and _mmq_ok(qtype, cols):
+        out = mmq_matmul(flat, data, qtype, cols)
     elif tokens == 1:
         out = fused_matmul(flat, data, qtype, cols, DECODE_CONFIG_BY_TYPE.get(type_name(qtype), DECODE_CONFIG))
     elif tokens <= FUSED_MAX_TOKENS:

@@ -95,8 +95,11 @@ def _conv_state_kernel(x_ptr, state_ptr, qsl_ptr, slots_ptr, fresh_ptr, channels
 
 
 def _seq_of_tokens(query_start_loc: torch.Tensor, tokens: int) -> torch.Tensor:
+    """Each token's sequence. Tokens past the last sequence's end (a captured graph's padding) count
+    as the last sequence's: their rows come out as garbage nobody reads, but every load stays in bounds."""
     positions = torch.arange(tokens, device=query_start_loc.device, dtype=query_start_loc.dtype)
-    return torch.searchsorted(query_start_loc[1:].contiguous(), positions, right=True).to(torch.int32)
+    seq = torch.searchsorted(query_start_loc[1:].contiguous(), positions, right=True)
+    return seq.clamp_(max=query_start_loc.shape[0] - 2).to(torch.int32)
 
 
 def _slots_fresh(slots, fresh, num_seqs, device):
@@ -119,7 +122,7 @@ def causal_conv1d_prefill(x, weight, bias, state, query_start_loc, slots, fresh,
     slots, fresh8 = _slots_fresh(slots, fresh, num_seqs, x.device)
     has_state = state is not None
     state_arg = state if has_state else out  # never read when HAS_STATE is off
-    if tokens:
+    if tokens and num_seqs:
         _conv_prefill_kernel[(triton.cdiv(tokens, CONV_BLOCK_T), triton.cdiv(channels, CONV_BLOCK_C))](
             x, weight, bias if bias is not None else weight, state_arg, qsl, _seq_of_tokens(qsl, tokens), slots, fresh8,
             out, tokens, channels, x.stride(0), state.stride(0) if has_state else 0, out.stride(0),

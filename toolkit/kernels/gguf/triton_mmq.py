@@ -1,0 +1,110 @@
+"""Small-batch GGUF matmul on int8 tensor cores: 8-bit activations times the packed weights' integer
+quants, one ``tl.dot`` per 32-column block, scales applied to the integer sums.
+
+Why: for 2-64 tokens the float ``tl.dot`` kernel spends its time turning every weight into a
+scaled float (shift, mask, convert, multiply), and above 16 tokens the dequantize-then-cuBLAS path
+writes and re-reads the whole weight in 16 bits on every step. Here a weight becomes an int8 with
+a shift and a mask; the activations are quantized once per step to int8 blocks of 32 (scale
+``max|x| / 127``, as llama.cpp's q8_1), so a 32-column block of a row and a token is an exact
+integer dot product, scaled once by ``d_w * d_x`` (and, for Q4_K's minimum, ``dmin * m * sum x``).
+
+Types: Q4_0, Q8_0 (blocks of 32, one scale), Q4_K (super-blocks of 256: eight 32-blocks with a
+6-bit scale and minimum each) and Q6_K (sixteen 16-blocks with an int8 scale each: one dot per
+16-column half, the other half's weights zeroed). Results equal ``W @ x_hat`` (``x_hat`` the
+int8-rounded activations) up to float32 summation order.
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from .triton_words import Q4_0, Q4_K, Q6_K, Q8_0, _u16, half_bits
+
+MMQ_TYPES = {"Q4_0": 32, "Q8_0": 32, "Q4_K": 256, "Q6_K": 256}   # type -> columns of one block
+
+
+@triton.jit
+def _k_scale_min(scales_ptr, s: tl.constexpr):
+    """Q4_K's 6-bit scale and minimum of 32-block ``s`` (0..7) from its 12 packed bytes; ``scales_ptr [BN]``."""
+    if s < 4:
+        sc = tl.load(scales_ptr + s).to(tl.int32) & 63
+        mn = tl.load(scales_ptr + s + 4).to(tl.int32) & 63
+    else:
+        hi = tl.load(scales_ptr + s + 4).to(tl.int32)
+        sc = (hi & 15) | ((tl.load(scales_ptr + s - 4).to(tl.int32) >> 6) << 4)
+        mn = (hi >> 4) | ((tl.load(scales_ptr + s).to(tl.int32) >> 6) << 4)
+    return sc.to(tl.float32), mn.to(tl.float32)
+
+
+@triton.jit
+def mmq_kernel(xq_ptr, xd_ptr, xs_ptr, w_ptr, out_ptr, tokens, rows, cols, split_cols, stride_w, stride_out,
+               stride_split, QTYPE: tl.constexpr, TS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
+    """Program (row tile, token tile, K split): ``out[split, BM, BN] = x_hat @ W.T`` over its
+    ``split_cols`` columns (whole blocks of the type).
+
+    ``xq [T, cols]`` int8, ``xd [T, cols / 32]`` float32 scales, ``xs [T, cols / 32]`` float32
+    ``d * sum(q)`` per block (Q4_K's minimum term); ``w [rows, row bytes]`` packed."""
+    pid_n, pid_m, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    n = pid_n * BN + tl.arange(0, BN)
+    m = pid_m * BM + tl.arange(0, BM)
+    n_ok, m_ok = n < rows, m < tokens
+    n = tl.where(n_ok, n, 0)                         # clamped rows load real bytes; their sums are dropped
+    row = w_ptr + n.to(tl.int64) * stride_w          # [BN]
+    c = tl.arange(0, 32)
+    x_rows = xq_ptr + m.to(tl.int64)[:, None] * cols + c[None, :]     # [BM, 32]
+    blocks = cols // 32
+    acc = tl.zeros((BM, BN), dtype=tl.float32)
+    if QTYPE == Q4_0 or QTYPE == Q8_0:
+        first = pid_k * (split_cols // 32)
+        for b in range(first, first + split_cols // 32):
+            block = row + b * TS
+            d = half_bits(_u16(block, 0))                                       # [BN]
+            if QTYPE == Q8_0:
+                w = tl.load(block[:, None] + 2 + c[None, :]).to(tl.int8, bitcast=True)      # [BN, 32]
+            else:  # element c: low nibble of byte c (c < 16), high nibble of byte c - 16
+                byte = tl.load(block[:, None] + 2 + (c % 16)[None, :])
+                w = (((byte >> (4 * (c // 16))[None, :]) & 15).to(tl.int8) - 8).to(tl.int8)
+            x = tl.load(x_rows + b * 32, mask=m_ok[:, None], other=0)
+            isum = tl.dot(x, tl.trans(w), out_dtype=tl.int32)
+            xd = tl.load(xd_ptr + m * blocks + b, mask=m_ok, other=0.0)
+            acc += isum.to(tl.float32) * xd[:, None] * d[None, :]
+    else:
+        first = pid_k * (split_cols // 256)
+        for sb in range(first, first + split_cols // 256):
+            block = row + sb * TS
+            if QTYPE == Q4_K:  # d, dmin, scales[12], qs[128]: 32-block s = nibble s % 2 of bytes 32 (s // 2) ..
+                d = half_bits(_u16(block, 0))
+                dmin = half_bits(_u16(block, 1))
+                for s in tl.static_range(8):
+                    byte = tl.load(block[:, None] + 16 + 32 * (s // 2) + c[None, :])
+                    w = ((byte >> (4 * (s % 2))) & 15).to(tl.int8)
+                    b = sb * 8 + s
+                    x = tl.load(x_rows + b * 32, mask=m_ok[:, None], other=0)
+                    isum = tl.dot(x, tl.trans(w), out_dtype=tl.int32)
+                    sc, mn = _k_scale_min(block + 4, s)
+                    xd = tl.load(xd_ptr + m * blocks + b, mask=m_ok, other=0.0)
+                    xs = tl.load(xs_ptr + m * blocks + b, mask=m_ok, other=0.0)
+                    acc += (isum.to(tl.float32) * xd[:, None] * (d * sc)[None, :]
+                            - xs[:, None] * (dmin * mn)[None, :])
+            else:  # Q6_K: ql[128], qh[64], scales[16] int8, d; 32-block s = quarter s % 4 of half s // 4
+                d = half_bits(_u16(block, 104))
+                low = c < 16
+                for s in tl.static_range(8):
+                    half, quarter = s // 4, s % 4
+                    ql = tl.load(block[:, None] + 64 * half + 32 * (quarter % 2) + c[None, :]).to(tl.int32)
+                    qh = tl.load(block[:, None] + 128 + 32 * half + c[None, :]).to(tl.int32)
+                    q = (((ql >> (4 * (quarter // 2))) & 15) | (((qh >> (2 * quarter)) & 3) << 4)) - 32
+                    w_low = tl.where(low[None, :], q, 0).to(tl.int8)
+                    w_high = tl.where(low[None, :], 0, q).to(tl.int8)
+                    b = sb * 8 + s
+                    x = tl.load(x_rows + b * 32, mask=m_ok[:, None], other=0)
+                    sum_low = tl.dot(x, tl.trans(w_low), out_dtype=tl.int32)
+                    sum_high = tl.dot(x, tl.trans(w_high), out_dtype=tl.int32)
+                    sc_ptr = block + 192 + 8 * half + 2 * quarter
+                    sc_low = tl.load(sc_ptr.to(tl.pointer_type(tl.int8))).to(tl.float32)
+                    sc_high = tl.load((sc_ptr + 1).to(tl.pointer_type(tl.int8))).to(tl.float32)
+                    xd = tl.load(xd_ptr + m * blocks + b, mask=m_ok, other=0.0)
+                    acc += (sum_low.to(tl.float32) * sc_low[None, :] + sum_high.to(tl.float32) * sc_high[None, :]) \
+                        * xd[:, None] * d[None, :]
+    out = out_ptr + pid_k * stride_split + m.to(tl.int64)[:, None] * stride_out + n[None, :]
+    tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
