@@ -169,3 +169,42 @@ def test_two_engines_on_one_model_keep_their_own_caches(loaded):
         for llm in (first, second):  # interleaved steps: each must rebind its own KV cache
             done.update((llm, out.token_ids) for out in llm.step() if out.finished)
     assert [done[first], done[second]] == expected
+
+
+def test_decode_graph_inputs_equal_prepared_metadata():
+    """DecodeGraphs.run writes the static inputs a captured graph reads; they must equal what the
+    eager path's ``prepare`` builds for the real rows, and make the spare rows inert (runs on the
+    CPU: only the replay itself needs CUDA)."""
+    from types import SimpleNamespace
+
+    from toolkit.core.engine.cuda_graphs import DecodeGraphs
+    from toolkit.core.engine.model_runner import ModelRunner, RunnerConfig, StepInput
+
+    config = RunnerConfig(block_size=4, max_num_seqs=8, max_num_batched_tokens=64, max_model_len=32)
+    runner = SimpleNamespace(device=torch.device("cpu"), max_blocks_per_seq=8, states=[7], null_slot=5, config=config)
+    runner.block_table_tensor = ModelRunner.block_table_tensor
+    graphs = DecodeGraphs(runner, max_batch_size=8)
+    replays = []
+    for size in graphs.batch_sizes:
+        graphs.graphs[size] = SimpleNamespace(replay=lambda size=size: replays.append(size))
+        graphs.logits[size] = torch.arange(size * 3, dtype=torch.float32).view(size, 3)
+    steps = [StepInput([11, 12, 13], [1, 1, 1], [5, 0, 13], [[3, 9], [4], [1, 2, 6, 7]], [0, 1, 2], state_slots=[0, 2, 1]),
+             StepInput([21], [1], [2], [[6]], [0], state_slots=[3]),
+             StepInput([31, 32], [1, 1], [8, 3], [[0, 1, 2], [5]], [1], state_slots=[4, 0])]
+    for step in steps:
+        logits = graphs.run(step)
+        count, size = len(step.query_lens), replays[-1]
+        input_ids, positions, attn = ModelRunner.prepare(SimpleNamespace(
+            host_batch=lambda s: ModelRunner.host_batch(SimpleNamespace(config=config, block_table_tensor=ModelRunner.block_table_tensor), s),
+            _tensor=lambda data, dtype=torch.int64: torch.as_tensor(data).to(dtype)), step)
+        assert size == min(s for s in graphs.batch_sizes if s >= count)
+        assert graphs.input_ids[:count].tolist() == input_ids.tolist()
+        assert graphs.positions[:count].tolist() == positions.tolist()
+        assert graphs.slot_mapping[:count].tolist() == attn.slot_mapping.tolist()
+        assert graphs.seq_lens[:count].tolist() == attn.seq_lens.tolist()
+        assert graphs.state_slots[:count].tolist() == step.state_slots
+        for row, table in enumerate(step.block_tables):
+            assert graphs.block_tables[row, :len(table)].tolist() == table
+        assert (graphs.slot_mapping[count:size] == -1).all() and (graphs.seq_lens[count:size] == 0).all()
+        assert (graphs.state_slots[count:size] == 5).all()
+        assert torch.equal(logits, graphs.logits[size][step.sample_rows])

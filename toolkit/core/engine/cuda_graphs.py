@@ -9,6 +9,7 @@ read; the block-table buffer is as wide as ``max_model_len`` needs, so no step o
 """
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from ..layers.attention import AttentionMetadata
@@ -24,14 +25,23 @@ class DecodeGraphs:
         self.runner, self.device = runner, runner.device
         self.batch_sizes = graph_batch_sizes(max_batch_size)
         size, width = self.batch_sizes[-1], runner.max_blocks_per_seq
-        self.input_ids = torch.zeros(size, dtype=torch.int64, device=self.device)
-        self.positions = torch.zeros(size, dtype=torch.int64, device=self.device)
-        self.slot_mapping = torch.full((size,), -1, dtype=torch.int64, device=self.device)
-        self.seq_lens = torch.zeros(size, dtype=torch.int32, device=self.device)
+        self.width = width
+        # Every per-step input lives in two device buffers (int64 and int32) that one host-to-device
+        # copy each fills from pinned host buffers: a step's host cost is a few numpy writes and
+        # two copies, not one tensor and copy per input. The static inputs are views of them.
+        pinned = torch.cuda.is_available()
+        self.host64 = torch.zeros(4 * size, dtype=torch.int64, pin_memory=pinned)
+        self.host32 = torch.zeros(size + size * width, dtype=torch.int32, pin_memory=pinned)
+        self.dev64 = torch.zeros(4 * size, dtype=torch.int64, device=self.device)
+        self.dev32 = torch.zeros(size + size * width, dtype=torch.int32, device=self.device)
+        self.input_ids, self.positions, self.slot_mapping, state_slots = self.dev64.view(4, size)
+        self.seq_lens, self.block_tables = self.dev32[:size], self.dev32[size:].view(size, width)
+        self.slot_mapping.fill_(-1)
         self.query_start_loc = torch.arange(size + 1, dtype=torch.int32, device=self.device)
-        self.block_tables = torch.zeros((size, width), dtype=torch.int32, device=self.device)
-        self.state_slots = (torch.full((size,), runner.null_slot, dtype=torch.int64, device=self.device)
-                            if runner.states else None)
+        self.state_slots = None
+        if runner.states:
+            self.state_slots = state_slots
+            self.state_slots.fill_(runner.null_slot)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.logits: dict[int, torch.Tensor] = {}
 
@@ -64,20 +74,30 @@ class DecodeGraphs:
     def run(self, step) -> torch.Tensor:
         count = len(step.query_lens)
         size = next(s for s in self.batch_sizes if s >= count)
-        positions = torch.tensor(step.starts, dtype=torch.int64)
-        tables = self.runner.block_table_tensor(step.block_tables)
+        full = self.batch_sizes[-1]
         block_size = self.runner.config.block_size
-        slots = tables[torch.arange(count), positions // block_size].long() * block_size + positions % block_size
-        self.input_ids[:count].copy_(torch.tensor(step.token_ids, dtype=torch.int64), non_blocking=True)
-        self.positions[:count].copy_(positions, non_blocking=True)
-        self.slot_mapping[:count].copy_(slots, non_blocking=True)
-        self.slot_mapping[count:size].fill_(-1)
-        self.seq_lens[:count].copy_(positions + 1, non_blocking=True)
-        self.seq_lens[count:size].fill_(0)
-        self.block_tables[:count, :tables.shape[1]].copy_(tables, non_blocking=True)
+        host64 = self.host64.numpy().reshape(4, full)
+        host32 = self.host32.numpy()
+        positions = np.asarray(step.starts, dtype=np.int64)
+        tables = host32[full:].reshape(full, self.width)
+        for row, table in enumerate(step.block_tables):  # a row's stale tail past its blocks is never read
+            tables[row, :len(table)] = table
+        blocks = np.fromiter((table[p // block_size] for table, p in zip(step.block_tables, step.starts)),
+                             dtype=np.int64, count=count)
+        host64[0, :count] = step.token_ids
+        host64[1, :count] = positions
+        host64[2, :count] = blocks * block_size + positions % block_size
+        host64[2, count:size] = -1                                   # spare rows: nothing stored
         if self.state_slots is not None:
-            self.state_slots[:count].copy_(torch.tensor(step.state_slots, dtype=torch.int64), non_blocking=True)
-            self.state_slots[count:size].fill_(self.runner.null_slot)
+            host64[3, :count] = step.state_slots
+            host64[3, count:size] = self.runner.null_slot
+        host32[:count] = positions + 1
+        host32[count:size] = 0                                       # spare rows: nothing read
+        self.dev64.copy_(self.host64, non_blocking=True)
+        used = full + count * self.width
+        self.dev32[:used].copy_(self.host32[:used], non_blocking=True)
         self.graphs[size].replay()
+        if list(step.sample_rows) == list(range(count)):  # the usual decode step: no index upload
+            return self.logits[size][:count].clone()
         rows = torch.tensor(step.sample_rows, dtype=torch.int64, device=self.device)
         return self.logits[size][rows]
