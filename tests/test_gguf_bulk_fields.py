@@ -59,6 +59,11 @@ def test_string_cut_inside_a_character_is_refused(tmp_path):
     metadata = Metadata(open_reader(path).fields, file=str(path))
     with pytest.raises(CorruptFileError, match="test.strings"):
         metadata["test.strings"]
+    # the check that makes no strings (tokenizer_checks.py) refuses it the same way
+    with pytest.raises(CorruptFileError, match="test.strings"):
+        metadata.check_decodable("test.strings")
+    Metadata(open_reader(_write(tmp_path / "good.gguf", ["ok", "é"], [1.0])).fields, file="g").check_decodable(
+        "test.strings")
 
 
 def test_truncated_string_array_names_the_file(tmp_path):

@@ -5,6 +5,7 @@ their size without decoding them.
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
 from typing import Any, Iterator, Mapping
 
 from gguf import GGUFValueType
@@ -24,13 +25,28 @@ class Metadata(Mapping[str, Any]):
     def __getitem__(self, key: str) -> Any:
         if key not in self._cache:
             field = self._fields[key]  # KeyError for an absent key, as a Mapping must
-            try:
+            with self._decoding(key):
                 self._cache[key] = field.contents()
-            except (UnicodeDecodeError, ValueError, IndexError, TypeError, OverflowError) as exc:
-                # strings are decoded here, lazily: a bad byte must still name the file and key
-                raise CorruptFileError(f"metadata value cannot be decoded: {type(exc).__name__}: {exc}",
-                                       file=self.file, key=key) from exc
         return self._cache[key]
+
+    def check_decodable(self, key: str) -> None:
+        """CorruptFileError naming the key unless its value decodes; a bulk string array is checked
+        without making its strings (the tokenizer, when built from the cache, never needs them)."""
+        field = self._fields[key]
+        if key in self._cache or not hasattr(field, "validate"):
+            self[key]
+            return
+        with self._decoding(key):
+            field.validate()
+
+    @contextmanager
+    def _decoding(self, key: str):
+        try:
+            yield
+        except (UnicodeDecodeError, ValueError, IndexError, TypeError, OverflowError) as exc:
+            # strings are decoded lazily: a bad byte must still name the file and key
+            raise CorruptFileError(f"metadata value cannot be decoded: {type(exc).__name__}: {exc}",
+                                   file=self.file, key=key) from exc
 
     def __contains__(self, key: object) -> bool:  # without decoding the value
         return key in self._fields

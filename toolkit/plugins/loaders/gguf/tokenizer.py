@@ -1,8 +1,9 @@
 """A fast tokenizer built straight from GGUF metadata (``tokenizer.ggml.*``) that encodes as llama.cpp does.
 
 The vocabulary, scores, token types and merges go into a ``tokenizers.Tokenizer`` (Rust),
-wrapped in ``transformers.PreTrainedTokenizerFast`` with the file's special tokens and chat
-template. The family follows ``tokenizer.ggml.model``, as in llama.cpp:
+wrapped with the file's special tokens and chat template in a ``GGUFTokenizer``
+(``tokenizer_wrapper.py``: encodes and decodes without importing transformers, and builds the
+``transformers.PreTrainedTokenizerFast`` when anything else is asked of it). The family follows ``tokenizer.ggml.model``, as in llama.cpp:
 
 * ``llama``: SentencePiece (Llama 2, Gemma 3): ``▁`` for spaces, byte fallback, pieces merged
   best score first. Files rarely store merges, so they are derived from the scores (``merges.py``).
@@ -14,7 +15,7 @@ template. The family follows ``tokenizer.ggml.model``, as in llama.cpp:
 Building the Rust tokenizer is the costly part for large vocabularies; ``tokenizer_cache.py``
 keeps the built one on disk keyed by the metadata it came from. ``build_backend`` is the
 construction step alone (metadata already validated), ``build_tokenizer`` adds the cache and
-the transformers wrapper.
+the wrapper.
 """
 from __future__ import annotations
 
@@ -36,7 +37,8 @@ BPE_MODELS = ("gpt2", "gemma4", "whitespace")
 
 
 def build_tokenizer(metadata: Metadata):
-    """A ``PreTrainedTokenizerFast`` for the file, or None (with a warning) if it has no usable vocabulary."""
+    """A ``GGUFTokenizer`` for the file (a ``PreTrainedTokenizerFast`` look-alike whose transformers
+    half, ``.hf``, is built on first need), or None (with a warning) if it has no usable vocabulary."""
     if "tokenizer.ggml.tokens" not in metadata:
         return None
     from .tokenizer_cache import cached_backend  # noqa: PLC0415 - avoids an import cycle
@@ -44,10 +46,7 @@ def build_tokenizer(metadata: Metadata):
     backend = cached_backend(metadata, build_backend)
     if backend is None:
         return None
-    wrapper = _wrap(backend, metadata)
-    # the file's own label, for a GGUF writer to keep (the split alone cannot tell smollm from starcoder)
-    wrapper.gguf_pre = metadata.get("tokenizer.ggml.pre")
-    return wrapper
+    return _wrap(backend, metadata)
 
 
 def build_backend(metadata: Metadata) -> Tokenizer | None:
@@ -175,7 +174,9 @@ def _add_marked_tokens(backend: Tokenizer, tokens: list[str], metadata: Metadata
 
 
 def _wrap(backend: Tokenizer, metadata: Metadata):
-    from transformers import PreTrainedTokenizerFast  # noqa: PLC0415 - heavy import, only when building
+    """The file's special tokens, add-BOS/EOS rules and chat template around the backend (transformers'
+    wrapper only once something needs it: ``tokenizer_wrapper.py``)."""
+    from .tokenizer_wrapper import GGUFTokenizer  # noqa: PLC0415
 
     size = backend.get_vocab_size(with_added_tokens=True)
 
@@ -196,18 +197,9 @@ def _wrap(backend: Tokenizer, metadata: Metadata):
     eos, add_eos = token("eos_token_id"), bool(metadata.get("tokenizer.ggml.add_eos_token", kind == "t5"))
     if kind == "bert":  # llama.cpp closes WordPiece text with the separator token
         eos, add_eos = token("seperator_token_id") or eos, bool(metadata.get("tokenizer.ggml.add_sep_token", True))
-    options = dict(
-        bos_token=token("bos_token_id"), eos_token=eos,
-        unk_token=token("unknown_token_id"), pad_token=token("padding_token_id"),
-        add_bos_token=add_bos,
-        add_eos_token=add_eos,
-        chat_template=metadata.get("tokenizer.chat_template"), clean_up_tokenization_spaces=False)
-    # ``tokenizer_object=`` deep-copies the backend (a JSON round trip: ~5 s for 262k tokens). A
-    # wrapper whose backend is already set adopts it as is; older transformers refuse that, so fall back.
-    wrapper = PreTrainedTokenizerFast.__new__(PreTrainedTokenizerFast)
-    wrapper._tokenizer = backend
-    try:
-        PreTrainedTokenizerFast.__init__(wrapper, **options)
-    except ValueError:
-        return PreTrainedTokenizerFast(tokenizer_object=backend, **options)
-    return wrapper
+    specials = dict(bos_token=token("bos_token_id"), eos_token=eos, unk_token=token("unknown_token_id"),
+                    pad_token=token("padding_token_id"))
+    # the file's own label, for a GGUF writer to keep (the split alone cannot tell smollm from starcoder)
+    return GGUFTokenizer(backend, specials=specials, add_bos_token=add_bos, add_eos_token=add_eos,
+                         chat_template=metadata.get("tokenizer.chat_template"),
+                         gguf_pre=metadata.get("tokenizer.ggml.pre"))

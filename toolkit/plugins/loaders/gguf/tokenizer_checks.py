@@ -41,10 +41,10 @@ def check_tokenizer_metadata(metadata: Metadata) -> None:
         return
     file = metadata.file
     _expect_array(metadata, tokens_key, {GGUFValueType.STRING}, "strings")
-    tokens = metadata[tokens_key]  # decoding errors are typed by Metadata
-    if not tokens:
+    metadata.check_decodable(tokens_key)  # typed errors; the strings themselves are made only if needed
+    count = metadata.length(tokens_key)
+    if not count:
         raise InvalidConfigError("the token list is empty", file=file, key=tokens_key)
-    count = len(tokens)
     for suffix in TEXTS:
         if PREFIX + suffix in metadata:
             v.text(metadata[PREFIX + suffix], key=PREFIX + suffix, file=file)
@@ -59,6 +59,7 @@ def check_tokenizer_metadata(metadata: Metadata) -> None:
     _check_parallel_arrays(metadata, count)
     # llama.cpp stores SentencePiece spaces as " " in some vocabularies (Gemma) and "\u2581" in merges
     if PREFIX + "merges" in metadata:
+        tokens = metadata[tokens_key]
         _check_merges(metadata, set(tokens) | {token.replace(" ", "\u2581") for token in tokens})
     _check_scores_needed(metadata)
 
