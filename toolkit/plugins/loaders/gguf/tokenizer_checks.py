@@ -41,7 +41,10 @@ def check_tokenizer_metadata(metadata: Metadata) -> None:
         return
     file = metadata.file
     _expect_array(metadata, tokens_key, {GGUFValueType.STRING}, "strings")
-    metadata.check_decodable(tokens_key)  # typed errors; the strings themselves are made only if needed
+    if PREFIX + "merges" in metadata:
+        metadata[tokens_key]  # the merge check needs the strings (decoding errors are typed by Metadata)
+    else:
+        metadata.check_decodable(tokens_key)  # without making 262k strings a cached tokenizer never needs
     count = metadata.length(tokens_key)
     if not count:
         raise InvalidConfigError("the token list is empty", file=file, key=tokens_key)
