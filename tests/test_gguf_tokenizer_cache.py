@@ -42,3 +42,27 @@ def test_cache_off(tmp_path, monkeypatch):
     assert tokenizer_cache.cache_dir() is None
     path = write_gguf(tmp_path / "a.gguf", load_vocab("byte_level"), model="gpt2", pre="qwen2")
     assert build_tokenizer(_metadata(path)) is not None
+
+
+def test_entry_text_reads_back_the_same_tokenizer(tmp_path, monkeypatch):
+    """The cache's faster form (vocabulary in key order, "left right" merges) is the same tokenizer;
+    merges with a space in a piece keep the pair form."""
+    import json
+
+    from tokenizers import Tokenizer
+    from tokenizers.models import BPE
+
+    monkeypatch.setenv(tokenizer_cache.ENV, "off")
+    for name, model, pre in (("byte_level", "gpt2", "qwen2"), ("sentencepiece", "gpt2", "sarvam-moe")):
+        backend = build_backend(_metadata(write_gguf(tmp_path / f"{name}.gguf", load_vocab(name), model=model, pre=pre)))
+        text = tokenizer_cache.entry_text(backend)
+        back = Tokenizer.from_str(text)
+        assert [back.encode(t).ids for t in TEXTS] == [backend.encode(t).ids for t in TEXTS]
+        assert back.get_vocab() == backend.get_vocab()
+        merges = json.loads(text)["model"]["merges"]
+        assert merges and all(isinstance(m, str) for m in merges)
+        assert merges == [" ".join(m) for m in json.loads(backend.to_str())["model"]["merges"]]
+    spaced = Tokenizer(BPE(vocab={"a": 0, "b": 1, " ": 2, "a ": 3, "a b": 4}, merges=[("a", " "), ("a ", "b")]))
+    text = tokenizer_cache.entry_text(spaced)
+    assert json.loads(text)["model"]["merges"] == [["a", " "], ["a ", "b"]]
+    assert Tokenizer.from_str(text).encode("a b").ids == spaced.encode("a b").ids == [4]

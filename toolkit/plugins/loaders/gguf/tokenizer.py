@@ -109,7 +109,10 @@ def _sentencepiece_merges(metadata: Metadata, tokens: list[str], vocab: dict[str
     ranked: dict[str, float] = {}
     for token, score in zip(tokens, scores):
         ranked.setdefault(token, float(score))
-    return sentencepiece_merges(vocab, ranked)
+    # a piece holding a space (Gemma's all-space pieces) never meets the model: the normalizer has
+    # turned every space into "▁" first, so merges of such pieces could never apply. Leaving them
+    # out keeps every merge writable as "left right" (the faster cache form, tokenizer_cache.py).
+    return [(left, right) for left, right in sentencepiece_merges(vocab, ranked) if " " not in left and " " not in right]
 
 
 def _bpe_merges(metadata: Metadata, vocab: dict[str, int]) -> list[tuple[str, str]]:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
+import json
 import os
 import tempfile
 import warnings
@@ -27,7 +28,7 @@ from tokenizers import Tokenizer
 from .metadata import Metadata
 
 # bump when the builder would produce a different tokenizer from the same metadata
-BUILDER_VERSION = "3"
+BUILDER_VERSION = "4"
 ENV = "TOOLKIT_TOKENIZER_CACHE"
 
 
@@ -85,6 +86,27 @@ def cached_backend(metadata: Metadata, build: Callable[[Metadata], Tokenizer | N
     return backend
 
 
+def entry_text(backend: Tokenizer) -> str:
+    """The tokenizer's JSON in the form ``tokenizers`` reads back fastest, same tokenizer.
+
+    ``Tokenizer.from_file`` parses the model into serde_json values first: the vocabulary goes into
+    an ordered map (inserting 262k keys in id order is far slower than in key order) and each
+    ``["left", "right"]`` merge into three allocations instead of one ``"left right"`` string. With
+    the vocabulary in key order and merges as strings, Gemma 3's entry reads back in ~30% less CPU
+    time (1.67 s -> 1.17 s, on the shared box). Merges keep the pair form when a piece holds a space
+    (the string form could not say where it splits).
+    """
+    spec = json.loads(backend.to_str())
+    model = spec.get("model") or {}
+    if model.get("type") == "BPE" and isinstance(model.get("vocab"), dict):
+        # Rust orders strings by their UTF-8 bytes, which is Python's code point order
+        model["vocab"] = dict(sorted(model["vocab"].items()))
+        merges = model.get("merges") or []
+        if merges and all(isinstance(m, list) and " " not in m[0] and " " not in m[1] for m in merges):
+            model["merges"] = [f"{left} {right}" for left, right in merges]
+    return json.dumps(spec, ensure_ascii=False, separators=(",", ":"))
+
+
 def _store(path: Path, backend: Tokenizer) -> None:
     """Write atomically; a cache that cannot be written only costs the next load its time."""
     try:
@@ -92,7 +114,7 @@ def _store(path: Path, backend: Tokenizer) -> None:
         handle, partial = tempfile.mkstemp(dir=path.parent, prefix=path.stem, suffix=".partial")
         try:
             with os.fdopen(handle, "w", encoding="utf-8") as out:
-                out.write(backend.to_str())
+                out.write(entry_text(backend))
             os.replace(partial, path)
         finally:
             if os.path.exists(partial):
