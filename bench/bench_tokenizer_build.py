@@ -4,7 +4,8 @@ Each run is a fresh process that has imported torch and toolkit (what a GGUF loa
 anyway) but not transformers: importing it is part of what a user waits for if the tokenizer
 needs it. It opens the file (``open_reader``: parsing the metadata), checks the tokenizer
 metadata, calls ``build_tokenizer`` and encodes one sentence; the steps are timed separately.
-Cold runs have the cache off (``TOOLKIT_TOKENIZER_CACHE=off``); warm runs share a temporary
+The CPU time of those steps (``time.process_time``) is printed too: on a shared machine it
+moves less with the load than the wall time. Cold runs have the cache off (``TOOLKIT_TOKENIZER_CACHE=off``); warm runs share a temporary
 cache that one untimed run filled first. Medians of ``--repeats`` runs are printed.
 
 ``--baseline SRC`` also runs another checkout's ``toolkit`` (a folder holding its ``toolkit/``
@@ -34,12 +35,13 @@ from toolkit.plugins.loaders.gguf.reader import open_reader
 from toolkit.plugins.loaders.gguf.tokenizer import build_tokenizer
 from toolkit.plugins.loaders.gguf.tokenizer_checks import check_tokenizer_metadata
 path = Path(sys.argv[1])
+c0 = time.process_time()
 t0 = time.perf_counter(); reader = open_reader(path)
 t1 = time.perf_counter(); metadata = Metadata(reader.fields, file=str(path)); check_tokenizer_metadata(metadata)
 t2 = time.perf_counter(); tokenizer = build_tokenizer(metadata)
 t3 = time.perf_counter(); ids = tokenizer.encode("The quick brown fox jumps over the lazy dog.")
-t4 = time.perf_counter()
-print(json.dumps({"open": t1 - t0, "check": t2 - t1, "build": t3 - t2, "encode": t4 - t3, "vocab": len(tokenizer),
+t4 = time.perf_counter(); c4 = time.process_time()
+print(json.dumps({"cpu": c4 - c0, "open": t1 - t0, "check": t2 - t1, "build": t3 - t2, "encode": t4 - t3, "vocab": len(tokenizer),
                   "toolkit": str(Path(toolkit.__file__).parent), "transformers": "transformers" in sys.modules}))
 """
 STEPS = ("open", "check", "build", "encode")
@@ -79,9 +81,10 @@ def main() -> None:
             for name, rows in runs.items():
                 med = {k: statistics.median(r[k] for r in rows) for k in STEPS}
                 until = statistics.median(sum(r[k] for k in STEPS) for r in rows)
+                cpu = statistics.median(r["cpu"] for r in rows)
                 print(f"{label:4} {name:8}: open {med['open']:.2f} s  check {med['check']:.2f} s  "
                       f"build_tokenizer {med['build']:.2f} s  first encode {med['encode']:.3f} s  "
-                      f"(until the first encode {until:.2f} s; median of {args.repeats}; vocab {rows[0]['vocab']}; "
+                      f"(until the first encode {until:.2f} s, CPU {cpu:.2f} s; median of {args.repeats}; vocab {rows[0]['vocab']}; "
                       f"transformers imported: {rows[0]['transformers']})", flush=True)
 
 
