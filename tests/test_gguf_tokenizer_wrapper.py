@@ -108,3 +108,17 @@ def test_setting_an_attribute_goes_to_the_wrapper(tmp_path, monkeypatch):
     tokenizer = build_tokenizer(_metadata(tmp_path, "llama"))
     tokenizer.pad_token = tokenizer.eos_token
     assert tokenizer._hf is not None and tokenizer.pad_token_id == tokenizer.eos_token_id
+
+
+def test_pickles_before_and_after_the_wrapper_is_built(tmp_path, monkeypatch):
+    import copy
+    import pickle
+
+    monkeypatch.setenv(tokenizer_cache.ENV, "off")
+    tokenizer = build_tokenizer(_metadata(tmp_path, "gpt2:llama-bpe"))
+    expected = tokenizer.encode("Hello world")
+    for _ in range(2):  # first without transformers' wrapper, then with it
+        for clone in (pickle.loads(pickle.dumps(tokenizer)), copy.deepcopy(tokenizer)):
+            assert clone.encode("Hello world") == expected and clone.bos_token_id == tokenizer.bos_token_id
+            assert (clone._hf is None) == (tokenizer._hf is None)
+        tokenizer.hf  # noqa: B018
