@@ -52,6 +52,10 @@ class ConvertOptions:
 
 
 class TensorWriter(Protocol):
+    """Optional: ``copies_tokenizer(checkpoint) -> bool``. True means the writer takes the source's
+    tokenizer from the checkpoint as stored (a source of its own format), so the driver builds no
+    tokenizer object and ``begin`` gets ``tokenizer=None``."""
+
     def begin(self, *, hf_config: dict, tokenizer: Any | None, num_tensors: int) -> None: ...
 
     def add_tensor(self, hf_name: str, tensor: torch.Tensor) -> None:
@@ -172,7 +176,9 @@ def _stream(source, staging: Path, loader, options: ConvertOptions, source_forma
         name_map = registry.name_map(checkpoint.format, arch.name)
         context = NameContext(arch, config, _parameter_names(arch, config, checkpoint, registry))
         writer = loader.writer(staging, options)
-        writer.begin(hf_config=hf, tokenizer=checkpoint.tokenizer(), num_tensors=len(checkpoint.tensor_names()))
+        copies = getattr(writer, "copies_tokenizer", None)
+        tokenizer = None if copies is not None and copies(checkpoint) else checkpoint.tokenizer()
+        writer.begin(hf_config=hf, tokenizer=tokenizer, num_tensors=len(checkpoint.tensor_names()))
         stats = _copy_tensors(checkpoint, name_map, context, writer, progress)
         return writer.finish(), (report.bytes_read + stats[0], stats[1], stats[2])
     finally:

@@ -65,33 +65,36 @@ def _cpu_flags() -> str:
         return platform.processor()
 
 
-def build_key(sources=None, headers=None) -> str:
+def build_key(sources=None, headers=None, cflags=()) -> str:
     """Hash of everything the binary depends on (see the module docstring)."""
     import torch  # noqa: PLC0415
 
     digest = hashlib.sha256()
     for path in list(sources or SOURCES) + list(HEADERS if headers is None else headers):
         digest.update(Path(path).read_bytes())
-    flags = " ".join(CFLAGS + openmp_flags())
+    flags = " ".join(CFLAGS + list(cflags) + openmp_flags())
     for part in (flags, _compiler_version(), _cpu_flags(), torch.__version__, platform.machine()):
         digest.update(part.encode())
     return digest.hexdigest()[:16]
 
 
-def compile_extension(sources=None, headers=None, prefix: str = "toolkit_gguf_cpu"):
-    """Build (or load the cached build of) ``sources``; raises whatever the build raises."""
+def compile_extension(sources=None, headers=None, prefix: str = "toolkit_gguf_cpu", cflags=()):
+    """Build (or load the cached build of) ``sources``; raises whatever the build raises.
+
+    :param cflags: compiler flags this module adds to CFLAGS (e.g. ``-ffp-contract=off`` where
+        results must match another implementation's float rounding)"""
     from torch.utils import cpp_extension  # noqa: PLC0415
 
     sources = [str(path) for path in (sources or SOURCES)]
     include = sorted({str(Path(path).parent) for path in sources} | {str(HERE)})
-    name = f"{prefix}_{build_key(sources, headers)}"
+    name = f"{prefix}_{build_key(sources, headers, cflags)}"
     directory = cache_root() / name
     directory.mkdir(parents=True, exist_ok=True)
     if not (directory / f"{name}.so").exists():  # a first build takes ~20-60 s: say why the wait
         print(f"toolkit: compiling the CPU kernels {prefix} for this machine (once; cached in {directory})",
               file=sys.stderr, flush=True)
     with passive_waiting():  # the module's OpenMP runtime reads its wait policy as it loads
-        return cpp_extension.load(name=name, sources=sources, extra_cflags=CFLAGS + openmp_flags(),
+        return cpp_extension.load(name=name, sources=sources, extra_cflags=CFLAGS + list(cflags) + openmp_flags(),
                                   extra_ldflags=openmp_flags(), extra_include_paths=include,
                                   build_directory=str(directory), verbose=False)
 
@@ -102,8 +105,9 @@ class Extension:
     Each kernel family (the GGUF GEMV here, the fused decoder-layer ops in ``kernels/cpu_fused``)
     owns one, so a family's sources rebuild only its own module."""
 
-    def __init__(self, prefix: str, sources, headers, what: str):
+    def __init__(self, prefix: str, sources, headers, what: str, cflags=()):
         self.prefix, self.sources, self.headers, self.what = prefix, list(sources), list(headers), what
+        self.cflags = tuple(cflags)
         self.module = _UNSET
         self.lock = threading.Lock()
 
@@ -112,7 +116,7 @@ class Extension:
             with self.lock:
                 if self.module is _UNSET:
                     try:
-                        self.module = compile_extension(self.sources, self.headers, self.prefix)
+                        self.module = compile_extension(self.sources, self.headers, self.prefix, self.cflags)
                     except Exception as error:  # noqa: BLE001 - any build failure means: use the torch path
                         first = (str(error).strip().splitlines() or [type(error).__name__])[0]
                         warnings.warn(f"toolkit: compiled {self.what} unavailable ({first[:200]}); "

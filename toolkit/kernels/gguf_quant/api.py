@@ -8,7 +8,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from toolkit.core.errors import ShapeMismatchError, UnsupportedQuantTypeError
 
-from . import kquants, legacy
+from . import kquants, legacy, native
 
 Q = GGMLQuantizationType
 ENCODERS: dict[GGMLQuantizationType, Callable[[torch.Tensor], torch.Tensor]] = {
@@ -33,13 +33,17 @@ def as_qtype(qtype: GGMLQuantizationType | str | int) -> GGMLQuantizationType:
         raise UnsupportedQuantTypeError(f"unknown GGML quantization type {qtype!r}") from None
 
 
-def quantize(tensor: torch.Tensor, qtype: GGMLQuantizationType | str | int, *, name: str | None = None) -> torch.Tensor:
+def quantize(tensor: torch.Tensor, qtype: GGMLQuantizationType | str | int, *, name: str | None = None,
+             compiled: bool | None = None) -> torch.Tensor:
     """Encode ``tensor`` [..., cols] as GGUF ``qtype`` blocks along its last dimension.
 
     :param tensor: any float dtype, any device (the work runs there, in float32)
     :param qtype: one of Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 (byte-identical to gguf-py's
         ``gguf.quants.quantize``) or Q4_K, Q5_K, Q6_K (our own scale search)
     :param name: tensor name for error messages
+    :param compiled: on the CPU, the compiled quantizer (native.py: the same encoders in C++,
+        multi-threaded) when True, the torch code when False; None (default) picks the compiled
+        one when it builds and ``TOOLKIT_GGUF_QUANT_COMPILED`` is not ``0``
     :returns: uint8 [..., cols // block_size * type_size] on the tensor's device
     """
     qtype = as_qtype(qtype)
@@ -51,12 +55,23 @@ def quantize(tensor: torch.Tensor, qtype: GGMLQuantizationType | str | int, *, n
         raise ShapeMismatchError(f"{qtype.name} needs rows that are a multiple of {block_size} elements, "
                                  f"got shape {tuple(tensor.shape)}", tensor=name)
     blocks = tensor.reshape(-1, block_size)
+    if tensor.device.type == "cpu" and _use_compiled(compiled, qtype):
+        out = native.quantize_blocks(blocks, qtype, type_size)
+        return out.reshape(*tensor.shape[:-1], tensor.shape[-1] // block_size * type_size)
     out = torch.empty(blocks.shape[0], type_size, dtype=torch.uint8, device=tensor.device)
     step = _step_elements(qtype, tensor.device) // block_size
     encode = ENCODERS[qtype]
     for start in range(0, blocks.shape[0], step):
         out[start:start + step] = encode(blocks[start:start + step].to(torch.float32))
     return out.reshape(*tensor.shape[:-1], tensor.shape[-1] // block_size * type_size)
+
+
+def _use_compiled(compiled: bool | None, qtype: GGMLQuantizationType) -> bool:
+    if compiled is False or int(qtype) not in native.HANDLED:
+        return False
+    if compiled is None and not native.enabled():
+        return False
+    return native.available()  # asked for but not buildable: the torch path (after one warning)
 
 
 def _step_elements(qtype: GGMLQuantizationType, device: torch.device) -> int:

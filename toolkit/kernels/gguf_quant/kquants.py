@@ -22,7 +22,8 @@ from .search import affine_search, symmetric_search
 
 def _sub_block_weights(sub: torch.Tensor) -> torch.Tensor:
     """Importance of each element: the sub-block's RMS plus its own magnitude (large values matter more)."""
-    return (sub * sub).mean(-1, keepdim=True).sqrt() + sub.abs()
+    mean_square = (sub * sub).sum(-1, keepdim=True, dtype=torch.float64) / sub.shape[-1]  # float64: see search.py
+    return mean_square.float().sqrt() + sub.abs()
 
 
 def _six_bit(values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -79,7 +80,7 @@ def _affine_decode_codes(sub, scale_codes, min_codes, d, dmin, nmax):
     step = (d.float() * scale_codes.float()).unsqueeze(-1)              # [nb, 8, 1] decoded sub-block scales
     shift = (dmin.float() * min_codes.float()).unsqueeze(-1)
     codes = torch.round((sub + shift) * safe_reciprocal(step)).clamp_(0, nmax)
-    error = (codes * step - shift - sub).square_().sum((1, 2))
+    error = (codes * step - shift - sub).square_().sum((1, 2), dtype=torch.float64)  # float64: see search.py
     return codes, error
 
 

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import torch
 
+F64 = torch.float64
+
 
 def affine_search(x: torch.Tensor, weights: torch.Tensor, *, nmax: int, rmin: float, rdelta: float,
                   nstep: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -42,11 +44,13 @@ def affine_search(x: torch.Tensor, weights: torch.Tensor, *, nmax: int, rmin: fl
 
 def _weighted_sums(codes: torch.Tensor, x: torch.Tensor, w: torch.Tensor) -> dict[str, torch.Tensor]:
     """The sums every candidate's fit and error need; per-candidate ones are [..., C], the rest [..., 1].
-    Elementwise products and sums, not matmuls (which TF32 may round on GPUs); results in float64."""
+    Elementwise products and sums, not matmuls (which TF32 may round on GPUs). The float32 products
+    are summed in float64, where a sum of 32 of them is exact in any order: the compiled quantizer
+    (quant_cpu.cpp) then gets the same sums, and picks the same candidates."""
     weighted = codes * w.unsqueeze(-2)
-    return {"w": w.sum(-1, keepdim=True).double(), "x": (w * x).sum(-1, keepdim=True).double(),
-            "xx": (w * x * x).sum(-1, keepdim=True).double(), "l": weighted.sum(-1).double(),
-            "ll": (weighted * codes).sum(-1).double(), "lx": (weighted * x.unsqueeze(-2)).sum(-1).double()}
+    return {"w": w.sum(-1, keepdim=True, dtype=F64), "x": (w * x).sum(-1, keepdim=True, dtype=F64),
+            "xx": (w * x * x).sum(-1, keepdim=True, dtype=F64), "l": weighted.sum(-1, dtype=F64),
+            "ll": (weighted * codes).sum(-1, dtype=F64), "lx": (weighted * x.unsqueeze(-2)).sum(-1, dtype=F64)}
 
 
 def _fit_affine(s: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -84,8 +88,8 @@ def symmetric_search(x: torch.Tensor, *, nmax: int, steps: int = 9, step: float 
     inverse = -(nmax + offsets) / torch.where(peak == 0, torch.ones_like(peak), peak)          # [..., C]
     codes = (inverse.unsqueeze(-1) * x.unsqueeze(-2)).round_().clamp_(-nmax, nmax - 1)       # [..., C, n]
     w = x * x
-    sum_lx = (codes * (w * x).unsqueeze(-2)).sum(-1).double()
-    sum_l2 = (codes * codes * w.unsqueeze(-2)).sum(-1).double()
+    sum_lx = (codes * (w * x).unsqueeze(-2)).sum(-1, dtype=F64)  # float64 sums: see _weighted_sums
+    sum_l2 = (codes * codes * w.unsqueeze(-2)).sum(-1, dtype=F64)
     usable = sum_l2 > 0
     safe_l2 = torch.where(usable, sum_l2, torch.ones_like(sum_l2))
     merit = torch.where(usable, sum_lx * sum_lx / safe_l2, torch.full_like(sum_l2, -1.0))

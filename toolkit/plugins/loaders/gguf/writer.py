@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from gguf import GGML_QUANT_VERSION, GGMLQuantizationType, GGUFWriter
+from gguf import GGML_QUANT_VERSION, GGMLQuantizationType
 
 from toolkit.core.errors import ConversionError
 from toolkit.core.experts import ExpertStacker, stacked_parts
@@ -32,6 +32,7 @@ from toolkit.kernels.gguf_quant import quantize
 from .recipes import TypePlan, recipe_for
 from .writer_metadata import add_entries, arch_entries, check_round_trip, gguf_architecture, rope_tensors
 from .writer_names import namer_for
+from .writer_passthrough import RawGGUFWriter, copy_tokenizer_fields, copyable, has_tokenizer_fields
 from .writer_tokenizer import add_vocab, special_entries, vocab_from
 
 Q = GGMLQuantizationType
@@ -55,6 +56,13 @@ class GGUFFileWriter:
         self.fallbacks: list[str] = []
         self.notes: list[str] = []
         self.num_parameters = self.data_bytes = 0
+        self.source = None  # a GGUF checkpoint whose tokenizer fields are copied (copies_tokenizer)
+
+    def copies_tokenizer(self, checkpoint) -> bool:
+        """Part of the TensorWriter contract (optional): a GGUF source's ``tokenizer.*`` fields are
+        copied as stored (writer_passthrough.py), so the driver need not build its tokenizer."""
+        self.source = checkpoint if has_tokenizer_fields(checkpoint) else None
+        return self.source is not None
 
     # ---- the TensorWriter contract ---------------------------------------------------------
     def begin(self, *, hf_config: dict, tokenizer: Any | None, num_tensors: int) -> None:
@@ -71,7 +79,7 @@ class GGUFFileWriter:
         entries += getattr(self.namer, "extra_entries", list)()
         check_round_trip(arch, self.gguf_arch, config, entries, config_tensors)
         self.dest.parent.mkdir(parents=True, exist_ok=True)
-        self.writer = GGUFWriter(str(self.dest), self.gguf_arch, use_temp_file=True)
+        self.writer = RawGGUFWriter(str(self.dest), self.gguf_arch, use_temp_file=True)
         self.writer.temp_file = tempfile.TemporaryFile(dir=self.dest.parent)  # see the module docstring
         self.writer.add_type("model")
         self.writer.add_name(self.dest.stem)
@@ -123,6 +131,11 @@ class GGUFFileWriter:
 
     # ---- pieces -----------------------------------------------------------------------------
     def _add_tokenizer(self, tokenizer, config) -> None:
+        if self.source is not None:
+            if copyable(self.source.metadata, config.vocab_size):
+                self.notes += copy_tokenizer_fields(self.writer, self.source.metadata, gguf_arch=self.gguf_arch)
+                return
+            tokenizer = self.source.tokenizer()  # rows past the vocabulary: pad it as for any source
         if tokenizer is None:
             self.notes.append("the source has no tokenizer: none was written (transformers cannot load the "
                               "file; toolkit needs --tokenizer)")

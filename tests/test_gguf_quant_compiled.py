@@ -1,0 +1,83 @@
+"""The compiled CPU quantizer (kernels/gguf_quant/quant_cpu.cpp) against the torch path and gguf-py.
+
+* Q8_0, Q4_0, Q4_1, Q5_0, Q5_1: both paths byte-identical to ``gguf.quants.quantize``.
+* Q4_K, Q5_K, Q6_K: the compiled encoders repeat the torch search operation for operation, so
+  the bytes are the torch path's (its sums run in float64, exact in any order for these rows).
+* Threads split work by blocks: any thread count gives the same bytes.
+* A quantizer that cannot be built warns once and the torch path answers.
+"""
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType
+from gguf.quants import quantize as gguf_quantize
+
+from test_gguf_quantize import KQUANTS, LEGACY, _sample, awkward
+from toolkit.kernels.gguf_cpu.build import Extension
+from toolkit.kernels.gguf_quant import native, quantize
+
+needs_compiled = pytest.mark.skipif(not native.available(), reason="the compiled quantizer could not be built here")
+
+
+@pytest.mark.parametrize("name", LEGACY)
+def test_torch_path_stays_byte_identical_to_gguf_py(name):
+    x = awkward()
+    np.testing.assert_array_equal(quantize(x, name, compiled=False).numpy(),
+                                  gguf_quantize(x.numpy(), GGMLQuantizationType[name]))
+
+
+@needs_compiled
+@pytest.mark.parametrize("name", LEGACY)
+def test_compiled_legacy_types_are_byte_identical_to_gguf_py(name):
+    for x in (awkward(), _sample("student-t")):
+        np.testing.assert_array_equal(quantize(x, name, compiled=True).numpy(),
+                                      gguf_quantize(x.numpy(), GGMLQuantizationType[name]))
+
+
+@needs_compiled
+@pytest.mark.parametrize("name", KQUANTS)
+def test_compiled_kquants_are_byte_identical_to_the_torch_path(name):
+    for x in (awkward(rows=48, cols=512), _sample("student-t")[:32], _sample("normal")[:32]):
+        compiled, reference = quantize(x, name, compiled=True), quantize(x, name, compiled=False)
+        np.testing.assert_array_equal(compiled.numpy(), reference.numpy())
+
+
+@needs_compiled
+@pytest.mark.parametrize("name", ["Q8_0", "Q4_K", "Q6_K"])
+def test_thread_count_does_not_change_the_bytes(name):
+    x = _sample("student-t")
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = quantize(x, name, compiled=True)
+        torch.set_num_threads(2)
+        two = quantize(x, name, compiled=True)
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(one, two)
+
+
+@needs_compiled
+def test_leading_dimensions_and_non_contiguous_input():
+    x = _sample("normal").reshape(4, 16, 1024)[:, ::2]  # a strided view
+    assert quantize(x, "Q6_K", compiled=True).shape == (4, 8, 4 * 210)
+    assert torch.equal(quantize(x, "Q6_K", compiled=True), quantize(x.contiguous(), "Q6_K", compiled=False))
+    bf16 = x.to(torch.bfloat16)
+    assert torch.equal(quantize(bf16, "Q8_0", compiled=True), quantize(bf16, "Q8_0", compiled=False))
+
+
+def test_a_failed_build_falls_back_to_torch_with_one_warning(tmp_path, monkeypatch):
+    broken = Extension("toolkit_gguf_quant_missing", [tmp_path / "absent.cpp"], [], "CPU GGUF quantizer")
+    monkeypatch.setattr(native, "EXTENSION", broken)
+    x = awkward(rows=16, cols=256)
+    with pytest.warns(RuntimeWarning, match="CPU GGUF quantizer unavailable"):
+        first = quantize(x, "Q4_0")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no second warning
+        second = quantize(x, "Q4_K")
+    np.testing.assert_array_equal(first.numpy(), gguf_quantize(x.numpy(), GGMLQuantizationType.Q4_0))
+    assert torch.equal(second, quantize(x, "Q4_K", compiled=False))
