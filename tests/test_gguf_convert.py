@@ -271,6 +271,38 @@ def test_tokenizer_survives(source, tmp_path):
                                                                                                   tokenize=False)
 
 
+def _tokenizer_fields(path: Path) -> dict[str, tuple[list, bytes]]:
+    from toolkit.plugins.loaders.gguf.reader import open_reader
+    from toolkit.plugins.loaders.gguf.writer_passthrough import _value_bytes
+
+    fields = open_reader(path).fields
+    return {k: ([int(t) for t in f.types], _value_bytes(f)) for k, f in fields.items() if k.startswith("tokenizer.")}
+
+
+def test_gguf_requantization_copies_the_tokenizer_fields(source, tmp_path, monkeypatch):
+    """GGUF -> GGUF builds no tokenizer: the source's tokenizer.* fields are copied byte for byte
+    (building the tokenizer and writing it again re-derives SentencePiece scores from merge ranks,
+    which tokenizes the same but is not the source's bytes), and the copy tokenizes as the source."""
+    from toolkit.plugins.loaders.gguf import checkpoint as checkpoint_module
+
+    kind, path, model, tokenizer = source
+    first = tmp_path / "first.gguf"
+    convert(path, first, to="gguf:Q8_0")
+
+    def no_build(metadata):
+        raise AssertionError("a tokenizer was built for a GGUF -> GGUF conversion")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(checkpoint_module, "build_tokenizer", no_build)
+        convert(first, tmp_path / "copied.gguf", to="gguf:Q4_K_M")
+    source_fields = _tokenizer_fields(first)
+    assert "tokenizer.ggml.tokens" in source_fields
+    assert _tokenizer_fields(tmp_path / "copied.gguf") == source_fields
+    ours, theirs = (toolkit.load(str(p), device="cpu").tokenizer for p in (tmp_path / "copied.gguf", first))
+    for text in TEXTS:
+        assert ours(text)["input_ids"] == theirs(text)["input_ids"], (kind, text)
+
+
 def test_llama3_rope_scaling_travels_as_rope_freqs(tmp_path):
     """llama.cpp keeps Llama 3 rotary scaling in ``rope_freqs.weight``; the reader recovers it from there."""
     tokenizer = byte_level_tokenizer()

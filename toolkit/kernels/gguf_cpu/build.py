@@ -83,12 +83,15 @@ def compile_extension(sources=None, headers=None, prefix: str = "toolkit_gguf_cp
 
     :param cflags: compiler flags this module adds to CFLAGS (e.g. ``-ffp-contract=off`` where
         results must match another implementation's float rounding)"""
-    from torch.utils import cpp_extension  # noqa: PLC0415
-
     sources = [str(path) for path in (sources or SOURCES)]
     include = sorted({str(Path(path).parent) for path in sources} | {str(HERE)})
     name = f"{prefix}_{build_key(sources, headers, cflags)}"
     directory = cache_root() / name
+    built = _load_built(name, directory / f"{name}.so")
+    if built is not None:
+        return built
+    from torch.utils import cpp_extension  # noqa: PLC0415
+
     directory.mkdir(parents=True, exist_ok=True)
     if not (directory / f"{name}.so").exists():  # a first build takes ~20-60 s: say why the wait
         print(f"toolkit: compiling the CPU kernels {prefix} for this machine (once; cached in {directory})",
@@ -97,6 +100,25 @@ def compile_extension(sources=None, headers=None, prefix: str = "toolkit_gguf_cp
         return cpp_extension.load(name=name, sources=sources, extra_cflags=CFLAGS + list(cflags) + openmp_flags(),
                                   extra_ldflags=openmp_flags(), extra_include_paths=include,
                                   build_directory=str(directory), verbose=False)
+
+
+def _load_built(name: str, path: Path):
+    """The cached module at ``path``, imported directly; None when absent or not loadable (then
+    ``cpp_extension.load`` builds it). Why: the build key already names everything the binary
+    depends on, and ``cpp_extension.load`` on a finished build still imports setuptools and runs
+    ninja to check it (~0.3 s per module, paid by every ``toolkit`` command that loads one)."""
+    if not path.is_file():
+        return None
+    import importlib.util  # noqa: PLC0415
+
+    try:
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        with passive_waiting():
+            spec.loader.exec_module(module)
+    except (ImportError, OSError):  # a half-written or foreign file: let the build sort it out
+        return None
+    return module
 
 
 class Extension:
