@@ -27,7 +27,28 @@
 #include <stdexcept>
 #include <string>
 
+#if defined(__AVX2__)
+#include <immintrin.h>
+#endif
+
 namespace gguf_quant {
+
+#if defined(__AVX2__)
+// The search loops below, 8 elements at a time: the same float32 operations (products, rounding
+// to nearest even, clamps) and float64 sums, which for these rows are exact in any order (a sum of
+// up to 256 float32 products spans few enough bits), so the lanes change no result.
+static inline void add_pd(__m256d& acc, __m256 v) {  // acc += v's 8 values as float64 (two halves)
+    acc = _mm256_add_pd(acc, _mm256_cvtps_pd(_mm256_castps256_ps128(v)));
+    acc = _mm256_add_pd(acc, _mm256_cvtps_pd(_mm256_extractf128_ps(v, 1)));
+}
+static inline double hsum(__m256d v) {
+    __m128d low = _mm_add_pd(_mm256_castpd256_pd128(v), _mm256_extractf128_pd(v, 1));
+    return _mm_cvtsd_f64(_mm_add_sd(low, _mm_unpackhi_pd(low, low)));
+}
+static inline __m256 round_clamp(__m256 v, __m256 lo, __m256 hi) {
+    return _mm256_min_ps(_mm256_max_ps(_mm256_round_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC), lo), hi);
+}
+#endif
 
 // GGMLQuantizationType numbers
 enum { Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14 };
@@ -169,11 +190,26 @@ static void affine_search(const float* x, const Affine& p, float& scale_out, flo
     for (int c = 0; c < p.candidates; ++c) {
         const float inverse = p.factors[c] / denom;
         double L = 0, LL = 0, LX = 0;
+#if defined(__AVX2__)
+        {
+            const __m256 vinverse = _mm256_set1_ps(inverse), zero = _mm256_setzero_ps(), top = _mm256_set1_ps(nmax);
+            __m256d sl = _mm256_setzero_pd(), sll = _mm256_setzero_pd(), slx = _mm256_setzero_pd();
+            for (int j = 0; j < 32; j += 8) {
+                const __m256 l = round_clamp(_mm256_mul_ps(vinverse, _mm256_loadu_ps(shifted + j)), zero, top);
+                const __m256 wl = _mm256_mul_ps(l, _mm256_loadu_ps(w + j));
+                add_pd(sl, wl);
+                add_pd(sll, _mm256_mul_ps(wl, l));
+                add_pd(slx, _mm256_mul_ps(wl, _mm256_loadu_ps(x + j)));
+            }
+            L = hsum(sl), LL = hsum(sll), LX = hsum(slx);
+        }
+#else
         for (int j = 0; j < 32; ++j) {
             const float l = clampf(rne(inverse * shifted[j]), 0.f, nmax);
             const float wl = l * w[j];
             L += wl, LL += static_cast<double>(wl * l), LX += static_cast<double>(wl * x[j]);
         }
+#endif
         double scale, minimum;
         if (c == 0) {  // the range-based choice keeps its own scale and min
             scale = static_cast<double>(1.f / inverse);
@@ -216,17 +252,37 @@ static double affine_decode(const float* x, const uint8_t* sc, const uint8_t* mc
                             uint16_t dmin_bits, int nmax, uint8_t* codes) {
     const float d = half_value(d_bits), dmin = half_value(dmin_bits), top = static_cast<float>(nmax);
     double error = 0;
+#if defined(__AVX2__)
+    __m256d acc = _mm256_setzero_pd();
+#endif
     for (int j = 0; j < 8; ++j) {
         const float step = d * static_cast<float>(sc[j]), shift = dmin * static_cast<float>(mc[j]);
         const float inverse = recip(step);
         const float* xs = x + 32 * j;
+#if defined(__AVX2__)
+        const __m256 vstep = _mm256_set1_ps(step), vshift = _mm256_set1_ps(shift), vinverse = _mm256_set1_ps(inverse);
+        const __m256 zero = _mm256_setzero_ps(), vtop = _mm256_set1_ps(top);
+        for (int i = 0; i < 32; i += 8) {
+            const __m256 xv = _mm256_loadu_ps(xs + i);
+            const __m256 q = round_clamp(_mm256_mul_ps(_mm256_add_ps(xv, vshift), vinverse), zero, vtop);
+            const __m256 e = _mm256_sub_ps(_mm256_sub_ps(_mm256_mul_ps(q, vstep), vshift), xv);
+            add_pd(acc, _mm256_mul_ps(e, e));
+            alignas(32) int32_t whole[8];
+            _mm256_store_si256(reinterpret_cast<__m256i*>(whole), _mm256_cvttps_epi32(q));
+            for (int k = 0; k < 8; ++k) codes[32 * j + i + k] = static_cast<uint8_t>(whole[k]);
+        }
+#else
         for (int i = 0; i < 32; ++i) {
             const float q = clampf(rne((xs[i] + shift) * inverse), 0.f, top);
             const float e = q * step - shift - xs[i];
             codes[32 * j + i] = static_cast<uint8_t>(q);
             error += static_cast<double>(e * e);
         }
+#endif
     }
+#if defined(__AVX2__)
+    error = hsum(acc);
+#endif
     return error;
 }
 
@@ -372,10 +428,23 @@ static float symmetric_search(const float* x) {
     for (int c = 0; c < 19; ++c) {
         const float inverse = -(32.f + SYMMETRIC.offsets[c]) / denom;
         double lx = 0, l2 = 0;
+#if defined(__AVX2__)
+        {
+            const __m256 vinverse = _mm256_set1_ps(inverse), lo = _mm256_set1_ps(-32.f), hi = _mm256_set1_ps(31.f);
+            __m256d slx = _mm256_setzero_pd(), sl2 = _mm256_setzero_pd();
+            for (int i = 0; i < 16; i += 8) {
+                const __m256 l = round_clamp(_mm256_mul_ps(vinverse, _mm256_loadu_ps(x + i)), lo, hi);
+                add_pd(slx, _mm256_mul_ps(l, _mm256_loadu_ps(wx + i)));
+                add_pd(sl2, _mm256_mul_ps(_mm256_mul_ps(l, l), _mm256_loadu_ps(w + i)));
+            }
+            lx = hsum(slx), l2 = hsum(sl2);
+        }
+#else
         for (int i = 0; i < 16; ++i) {
             const float l = clampf(rne(inverse * x[i]), -32.f, 31.f);
             lx += static_cast<double>(l * wx[i]), l2 += static_cast<double>(l * l * w[i]);
         }
+#endif
         const double merit = l2 > 0 ? lx * lx / l2 : -1.0;
         if (c == 0 || merit > best_merit) best_merit = merit, best_lx = lx, best_l2 = l2 > 0 ? l2 : 1.0;
     }
