@@ -17,6 +17,7 @@ from gguf import GGMLQuantizationType
 from gguf.quants import quantize as gguf_quantize
 
 from test_gguf_quantize import KQUANTS, LEGACY, _sample, awkward
+from toolkit.core.errors import ConversionError
 from toolkit.kernels.gguf_cpu.build import Extension
 from toolkit.kernels.gguf_quant import native, quantize
 
@@ -81,3 +82,16 @@ def test_a_failed_build_falls_back_to_torch_with_one_warning(tmp_path, monkeypat
         second = quantize(x, "Q4_K")
     np.testing.assert_array_equal(first.numpy(), gguf_quantize(x.numpy(), GGMLQuantizationType.Q4_0))
     assert torch.equal(second, quantize(x, "Q4_K", compiled=False))
+
+
+@pytest.mark.parametrize("compiled", [True, False])
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+def test_check_finite_refuses_nan_and_inf_naming_the_tensor(compiled, bad):
+    if compiled and not native.available():
+        pytest.skip("the compiled quantizer could not be built here")
+    x = awkward(rows=16, cols=512)
+    quantize(x, "Q8_0", name="ok.weight", compiled=compiled, check_finite=True)  # finite: no error
+    x[13, 300] = bad
+    for name in ("Q8_0", "Q4_K", "Q6_K"):
+        with pytest.raises(ConversionError, match="blk.3.ffn_up"):
+            quantize(x, name, name="blk.3.ffn_up.weight", compiled=compiled, check_finite=True)

@@ -6,7 +6,7 @@ from typing import Callable
 import torch
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
-from toolkit.core.errors import ShapeMismatchError, UnsupportedQuantTypeError
+from toolkit.core.errors import ConversionError, ShapeMismatchError, UnsupportedQuantTypeError
 
 from . import kquants, legacy, native
 
@@ -34,7 +34,7 @@ def as_qtype(qtype: GGMLQuantizationType | str | int) -> GGMLQuantizationType:
 
 
 def quantize(tensor: torch.Tensor, qtype: GGMLQuantizationType | str | int, *, name: str | None = None,
-             compiled: bool | None = None) -> torch.Tensor:
+             compiled: bool | None = None, check_finite: bool = False) -> torch.Tensor:
     """Encode ``tensor`` [..., cols] as GGUF ``qtype`` blocks along its last dimension.
 
     :param tensor: any float dtype, any device (the work runs there, in float32)
@@ -44,6 +44,8 @@ def quantize(tensor: torch.Tensor, qtype: GGMLQuantizationType | str | int, *, n
     :param compiled: on the CPU, the compiled quantizer (native.py: the same encoders in C++,
         multi-threaded) when True, the torch code when False; None (default) picks the compiled
         one when it builds and ``TOOLKIT_GGUF_QUANT_COMPILED`` is not ``0``
+    :param check_finite: raise ConversionError (naming ``name``) if any value is NaN or infinite
+        (free on the compiled path, which checks each block as it encodes it)
     :returns: uint8 [..., cols // block_size * type_size] on the tensor's device
     """
     qtype = as_qtype(qtype)
@@ -56,14 +58,22 @@ def quantize(tensor: torch.Tensor, qtype: GGMLQuantizationType | str | int, *, n
                                  f"got shape {tuple(tensor.shape)}", tensor=name)
     blocks = tensor.reshape(-1, block_size)
     if tensor.device.type == "cpu" and _use_compiled(compiled, qtype):
-        out = native.quantize_blocks(blocks, qtype, type_size)
+        out, finite = native.quantize_blocks(blocks, qtype, type_size)
+        if check_finite and not finite:
+            raise _non_finite(name)
         return out.reshape(*tensor.shape[:-1], tensor.shape[-1] // block_size * type_size)
+    if check_finite and not bool(torch.isfinite(tensor).all()):
+        raise _non_finite(name)
     out = torch.empty(blocks.shape[0], type_size, dtype=torch.uint8, device=tensor.device)
     step = _step_elements(qtype, tensor.device) // block_size
     encode = ENCODERS[qtype]
     for start in range(0, blocks.shape[0], step):
         out[start:start + step] = encode(blocks[start:start + step].to(torch.float32))
     return out.reshape(*tensor.shape[:-1], tensor.shape[-1] // block_size * type_size)
+
+
+def _non_finite(name: str | None) -> ConversionError:
+    return ConversionError(f"tensor {name or '?'!r} holds non-finite values; refusing to quantize it")
 
 
 def _use_compiled(compiled: bool | None, qtype: GGMLQuantizationType) -> bool:

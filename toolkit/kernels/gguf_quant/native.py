@@ -32,10 +32,11 @@ def available() -> bool:
     return EXTENSION.ready()
 
 
-def quantize_blocks(blocks: torch.Tensor, qtype: int, type_size: int) -> torch.Tensor:
-    """[n, block] float32 CPU rows (made contiguous here) -> [n, type_size] uint8, on torch's threads."""
+def quantize_blocks(blocks: torch.Tensor, qtype: int, type_size: int) -> tuple[torch.Tensor, bool]:
+    """[n, block] float32 CPU rows (made contiguous here) -> ([n, type_size] uint8, whether every
+    input was finite), on torch's threads."""
     blocks = blocks.to(torch.float32).contiguous()
     out = torch.empty(blocks.shape[0], type_size, dtype=torch.uint8)
-    if blocks.shape[0]:
-        EXTENSION.get().quantize(blocks.data_ptr(), out.data_ptr(), blocks.shape[0], int(qtype))
-    return out
+    if not blocks.shape[0]:
+        return out, True
+    return out, bool(EXTENSION.get().quantize(blocks.data_ptr(), out.data_ptr(), blocks.shape[0], int(qtype)))

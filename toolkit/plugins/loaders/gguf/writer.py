@@ -153,6 +153,9 @@ def encode(values: torch.Tensor, qtype: GGMLQuantizationType, *, name: str) -> n
     """``values`` as the bytes (or plain array) gguf-py writes for ``qtype``; ConversionError for
     values the type cannot hold (non-finite anywhere, beyond the float16 range for F16)."""
     values = values.detach()
+    if qtype not in (Q.F32, Q.F16, Q.BF16):  # the quantizer checks as it encodes (no extra pass)
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        return quantize(values.to(device), qtype, name=name, check_finite=True).cpu().numpy()
     peak = _peak(values)
     if not np.isfinite(peak):
         raise ConversionError(f"tensor {name!r} holds non-finite values; refusing to convert it")
@@ -162,10 +165,7 @@ def encode(values: torch.Tensor, qtype: GGMLQuantizationType, *, name: str) -> n
         return values.to("cpu", torch.float32).contiguous().numpy()
     if qtype == Q.F16:
         return values.to("cpu", torch.float16).contiguous().numpy()
-    if qtype == Q.BF16:  # numpy has no bfloat16: its raw bytes, typed by raw_dtype
-        return values.to("cpu", torch.bfloat16).contiguous().view(torch.uint8).numpy()
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    return quantize(values.to(device), qtype, name=name).cpu().numpy()
+    return values.to("cpu", torch.bfloat16).contiguous().view(torch.uint8).numpy()  # BF16: raw bytes, typed by raw_dtype
 
 
 def _peak(values: torch.Tensor) -> float:
