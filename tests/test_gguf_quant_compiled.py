@@ -95,3 +95,32 @@ def test_check_finite_refuses_nan_and_inf_naming_the_tensor(compiled, bad):
     for name in ("Q8_0", "Q4_K", "Q6_K"):
         with pytest.raises(ConversionError, match="blk.3.ffn_up"):
             quantize(x, name, name="blk.3.ffn_up.weight", compiled=compiled, check_finite=True)
+
+
+@needs_compiled
+@pytest.mark.parametrize("name", KQUANTS)
+def test_on_grid_weights_may_break_near_ties_either_way(name):
+    """Weights dequantized from a K-quant file lie on a grid, where several candidates fit almost
+    equally well; float64 sums added in another order can then take the other branch, and the
+    block settles in another, about as good, optimum (either side wins; seen on 2 blocks per 256
+    in 2 of these 8 seeds, and on <= 0.6% of blocks of Gemma 3's dequantized ffn_down, where the
+    summed squared error was 0.9999992x (Q4_K) and 1.0000015x (Q5_K) the torch path's).
+    Measured here: the blocks still agree >= 99.5% and the summed error stays within 0.5%."""
+    from gguf.quants import dequantize
+
+    qtype = GGMLQuantizationType[name]
+    same, ours, reference = [], 0.0, 0.0
+    for seed in range(8):
+        torch.manual_seed(seed)
+        source = torch.distributions.StudentT(torch.tensor(3.0)).sample((64, 1024)) * 0.02
+        grid = dequantize(quantize(source, "Q4_K", compiled=False).numpy(), GGMLQuantizationType.Q4_K)
+        on_grid = torch.from_numpy(grid.reshape(source.shape).copy())
+        compiled, torch_path = quantize(on_grid, name, compiled=True).numpy(), quantize(on_grid, name, compiled=False).numpy()
+        size = compiled.shape[1] // 4
+        same.append((compiled.reshape(-1, size) == torch_path.reshape(-1, size)).all(1))
+        for packed, total in ((compiled, "ours"), (torch_path, "reference")):
+            error = float(((dequantize(packed, qtype).reshape(source.shape) - grid.reshape(source.shape))
+                           .astype(np.float64) ** 2).sum())
+            ours, reference = (ours + error, reference) if total == "ours" else (ours, reference + error)
+    assert np.concatenate(same).mean() >= 0.995
+    assert ours <= reference * 1.005, ours / reference

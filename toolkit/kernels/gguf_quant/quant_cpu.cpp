@@ -6,11 +6,12 @@
 // -ffp-contract=off so no multiply-add is fused behind our back):
 //
 // * Q8_0, Q4_0, Q4_1, Q5_0, Q5_1: byte-identical to the torch path and to gguf-py.
-// * Q4_K, Q5_K, Q6_K: the same candidate grids, least-squares fits and refits. Sums whose torch
-//   version runs in float32 (the search's weighted sums, the block errors) are accumulated here
-//   in float64: torch's float32 reduction order cannot be reproduced, and a near-tie between two
-//   candidates can then go either way, so a few blocks per million may differ (each is then as
-//   good a choice as the other, to float32 rounding). tests/test_gguf_quant_compiled.py measures it.
+// * Q4_K, Q5_K, Q6_K: the same candidate grids, least-squares fits and refits. The torch path sums
+//   its float32 products in float64 (search.py), as this file does; such sums are exact or nearly
+//   so in any order, so on ordinary weights the bytes are the torch path's. On weights that already
+//   lie on a quantization grid (dequantized K-quants) candidates can tie to the last bit, and a
+//   near-tie may break the other way; the block then settles in another optimum about as good
+//   (tests/test_gguf_quant_compiled.py measures both cases).
 //
 // Contract (api.py checks it): `src` holds `blocks` contiguous blocks of float32, `dst` room for
 // `blocks` blocks of the type's size. Pointers travel as integers (see gguf_cpu.cpp) and the GIL
