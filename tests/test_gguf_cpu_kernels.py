@@ -102,6 +102,36 @@ def test_int8_activation_gemv_within_rounding_bound(name, monkeypatch):
 
 
 @pytest.mark.parametrize("name", TYPES)
+def test_int8_gemm_within_rounding_bound(name, monkeypatch):
+    """More than GEMV_MAX_ROWS tokens: the packed int8 GEMM (gemm.h) on AVX2 builds, the same two
+    checks as the GEMV (exact on x_hat up to float32 order; x within the rounding bound). Odd row
+    counts leave partial row tiles, token counts partial micro-tiles and a second token block; two
+    threads split the rows."""
+    monkeypatch.setattr(ops, "INT8_ACTIVATIONS", True)
+    if "avx2" not in build.extension().isa():
+        pytest.skip("no AVX2: many-token calls use the dequantized-tile float GEMM")
+    rng = np.random.default_rng(40 + HANDLED[name])
+    block = 256 if name.endswith("_K") else 32
+    previous = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        for rows, cols, tokens in [(7, block, 5), (33, 2 * block, 16), (5, 3 * block, 33), (67, block, 128)]:
+            packed, weight = packed_and_oracle(name, rows, cols, rng)
+            x = torch.randn(tokens, cols, generator=torch.Generator().manual_seed(rows)) * 3
+            if cols > 32:
+                x[1, 32:64] = 0  # an all-zero block (d = 0)
+            got = gguf_matmul_native(x, torch.from_numpy(packed), HANDLED[name], cols)
+            x_hat, d = rounded_activations(x)
+            assert_matmul_close(got.double(), x_hat, weight)
+            error = (got.double() - x.double() @ weight.double().T).abs()
+            float_bound = TOL * (x.double().abs() @ weight.double().abs().T)
+            assert bool((error.T <= weight.double().abs() @ (d / 2).T + float_bound.T).all())
+            assert bool((error > float_bound).any())  # the activations really were rounded
+    finally:
+        torch.set_num_threads(previous)
+
+
+@pytest.mark.parametrize("name", TYPES)
 def test_dequantize_bit_exact(name):
     rng = np.random.default_rng(10 + HANDLED[name])
     packed, weight = packed_and_oracle(name, 9, 512, rng)

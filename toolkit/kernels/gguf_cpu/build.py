@@ -26,7 +26,7 @@ from ...core.openmp import passive_waiting
 
 HERE = Path(__file__).parent
 SOURCES = [HERE / "gguf_cpu.cpp"]
-HEADERS = [HERE / "blocks.h", HERE / "fused.h"]
+HEADERS = [HERE / "blocks.h", HERE / "fused.h", HERE / "gemm.h"]
 CFLAGS = ["-O3", "-march=native", "-fno-math-errno"]
 
 

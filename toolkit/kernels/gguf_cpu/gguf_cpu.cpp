@@ -17,6 +17,7 @@
 
 #include "blocks.h"
 #include "fused.h"
+#include "gemm.h"
 
 namespace gguf_cpu {
 
@@ -64,9 +65,40 @@ static int64_t dequant_grain(int64_t cols) { return std::max<int64_t>(1, (int64_
 
 // x[n] (n a multiple of 32) to int8 per 32-element slice: q = round-half-even(x / d), d = max|x| / 127
 // (0 for an all-zero slice); also d and d * sum(q) per slice. |x - d q| <= d / 2.
+// The AVX2 path computes the same float32 products and the same rounding (vroundps to nearest
+// even = nearbyint in the default mode), so both paths give identical bytes.
 void quantize_activations(const float* x, int64_t n, int8_t* q, float* d, float* qsum) {
     for (int64_t b = 0; b < n / 32; ++b) {
         const float* xb = x + 32 * b;
+#if defined(__AVX2__)
+        const __m256 magnitude_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+        __m256 v[4], top = _mm256_setzero_ps();
+        for (int k = 0; k < 4; ++k) {
+            v[k] = _mm256_loadu_ps(xb + 8 * k);
+            top = _mm256_max_ps(top, _mm256_and_ps(v[k], magnitude_mask));
+        }
+        __m128 h = _mm_max_ps(_mm256_castps256_ps128(top), _mm256_extractf128_ps(top, 1));
+        h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+        h = _mm_max_ss(h, _mm_movehdup_ps(h));
+        const float amax = _mm_cvtss_f32(h);
+        const float scale = amax / 127.f, inv = amax > 0.f ? 127.f / amax : 0.f;
+        const __m256 vinv = _mm256_set1_ps(inv), hi = _mm256_set1_ps(127.f), lo = _mm256_set1_ps(-127.f);
+        __m256i i32[4];
+        for (int k = 0; k < 4; ++k) {
+            const __m256 r = _mm256_round_ps(_mm256_mul_ps(v[k], vinv), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+            i32[k] = _mm256_cvtps_epi32(_mm256_min_ps(hi, _mm256_max_ps(lo, r)));
+        }
+        const __m256i total = _mm256_add_epi32(_mm256_add_epi32(i32[0], i32[1]), _mm256_add_epi32(i32[2], i32[3]));
+        __m128i t = _mm_add_epi32(_mm256_castsi256_si128(total), _mm256_extracti128_si256(total, 1));
+        t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0x4E));
+        t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0xB1));
+        // packs work per 128-bit lane: the permute puts the four 8-value groups back in order
+        const __m256i packed = _mm256_packs_epi16(_mm256_packs_epi32(i32[0], i32[1]), _mm256_packs_epi32(i32[2], i32[3]));
+        _mm256_storeu_si256((__m256i*)(q + 32 * b),
+                            _mm256_permutevar8x32_epi32(packed, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+        d[b] = scale;
+        qsum[b] = scale * static_cast<float>(_mm_cvtsi128_si32(t));
+#else
         float amax = 0.f;
         for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(xb[j]));
         const float scale = amax / 127.f, inv = amax > 0.f ? 127.f / amax : 0.f;
@@ -78,7 +110,43 @@ void quantize_activations(const float* x, int64_t n, int8_t* q, float* d, float*
         }
         d[b] = scale;
         qsum[b] = scale * static_cast<float>(sum);
+#endif
     }
+}
+
+// m rows of x quantized (quantize_activations), rows split over the threads.
+static void quantize_rows(const float* x, int64_t m, int64_t cols, int8_t* xq, float* xd, float* xsum) {
+    const int64_t nsub = cols / 32;
+    at::parallel_for(0, m, std::max<int64_t>(1, (int64_t(1) << 16) / std::max<int64_t>(cols, 1)), [&](int64_t b, int64_t e) {
+        for (int64_t i = b; i < e; ++i)
+            quantize_activations(x + i * cols, cols, xq + i * cols, xd + i * nsub, xsum + i * nsub);
+    });
+}
+
+// Many-token product with 8-bit activations (gemm.h): false where this build or type has no such
+// path (no AVX2; the caller then dequantizes tiles and uses a float GEMM).
+bool gemm(int64_t x_ptr, int64_t w_ptr, int64_t out_ptr, int64_t m, int64_t rows, int64_t cols, int64_t row_bytes,
+          int qtype) {
+#if defined(__AVX2__) && defined(__FMA__)
+    GemmRowsFn rows_fn = gemm_for(qtype);
+    if (!rows_fn) return false;
+    const float* x = reinterpret_cast<const float*>(x_ptr);
+    const uint8_t* w = reinterpret_cast<const uint8_t*>(w_ptr);
+    float* out = reinterpret_cast<float*>(out_ptr);
+    const int64_t nsub = cols / 32;
+    std::vector<int8_t> xq(m * cols);
+    std::vector<float> xd(m * nsub), xsum(m * nsub);
+    quantize_rows(x, m, cols, xq.data(), xd.data(), xsum.data());
+    const int64_t tiles = (rows + TILE_ROWS - 1) / TILE_ROWS;
+    at::parallel_for(0, tiles, std::max<int64_t>(1, grain_for(cols, m) / TILE_ROWS), [&](int64_t b, int64_t e) {
+        rows_fn(w, row_bytes, xq.data(), xd.data(), xsum.data(), out, m, rows, cols, b * TILE_ROWS,
+                std::min(rows, e * TILE_ROWS));
+    });
+    return true;
+#else
+    (void)x_ptr, (void)w_ptr, (void)out_ptr, (void)m, (void)rows, (void)cols, (void)row_bytes, (void)qtype;
+    return false;
+#endif
 }
 
 void gemv(int64_t x_ptr, int64_t w_ptr, int64_t out_ptr, int64_t m, int64_t rows, int64_t cols,
@@ -92,8 +160,7 @@ void gemv(int64_t x_ptr, int64_t w_ptr, int64_t out_ptr, int64_t m, int64_t rows
         const int64_t nsub = cols / 32;
         std::vector<int8_t> xq(m * cols);
         std::vector<float> xd(m * nsub), xsum(m * nsub);
-        for (int64_t i = 0; i < m; ++i)
-            quantize_activations(x + i * cols, cols, xq.data() + i * cols, xd.data() + i * nsub, xsum.data() + i * nsub);
+        quantize_rows(x, m, cols, xq.data(), xd.data(), xsum.data());
         at::parallel_for(0, rows, grain_for(cols, m), [&](int64_t begin, int64_t end) {
             integer(w, row_bytes, xq.data(), xd.data(), xsum.data(), out, rows, cols, begin, end);
         });
@@ -162,6 +229,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
         gguf_cpu::quantize_activations(reinterpret_cast<const float*>(x), n, reinterpret_cast<int8_t*>(q),
                                        reinterpret_cast<float*>(d), reinterpret_cast<float*>(qsum));
     });
+    module.def("gemm", &gguf_cpu::gemm, py::call_guard<py::gil_scoped_release>());
     module.def("dequantize", &gguf_cpu::dequantize, py::call_guard<py::gil_scoped_release>());
     module.def("set_min_chunk", &gguf_cpu::set_min_chunk);
     module.def("parallel_threads", &gguf_cpu::parallel_threads);

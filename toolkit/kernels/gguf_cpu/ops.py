@@ -32,6 +32,9 @@ _HANDLED_IDS = frozenset(HANDLED.values())
 # 8-bit activations in the GEMV (integer dot products, results within the activation-rounding bound
 # of the float path; see fused.h). Default on; TOOLKIT_GGUF_CPU_INT8=0 keeps float32 activations.
 INT8_ACTIVATIONS = os.environ.get("TOOLKIT_GGUF_CPU_INT8", "1") != "0"
+# More rows than GEMV_MAX_ROWS: the int8 GEMM (gemm.h, AVX2 builds) when 8-bit activations are on;
+# TOOLKIT_GGUF_CPU_GEMM=0 keeps the dequantized-tile float GEMM for them (A/B measurements).
+INT8_GEMM = os.environ.get("TOOLKIT_GGUF_CPU_GEMM", "1") != "0"
 GEMV_MAX_ROWS = 4          # above this many activation rows, dequantize tiles and use torch.matmul
 TILE_ELEMENTS = 1 << 20    # float32 elements per dequantized tile: 4 MiB (in L3); fewer, larger steps
 
@@ -80,6 +83,9 @@ def gguf_matmul_native(x: torch.Tensor, data: torch.Tensor, qtype: int, cols: in
     elif tokens <= GEMV_MAX_ROWS:
         ext.gemv(flat.data_ptr(), data.data_ptr(), out.data_ptr(), tokens, rows, cols, row_bytes, qtype,
                  INT8_ACTIVATIONS)
+    elif INT8_ACTIVATIONS and INT8_GEMM and ext.gemm(flat.data_ptr(), data.data_ptr(), out.data_ptr(), tokens, rows, cols,
+                                       row_bytes, qtype):
+        pass  # the int8 GEMM ran (AVX2 builds); otherwise dequantized tiles and a float GEMM below
     else:
         step = max(1, min(rows, TILE_ELEMENTS // cols))
         tile = torch.empty(step, cols, dtype=torch.float32)
