@@ -43,6 +43,16 @@ CASES = {
 }
 
 
+@pytest.fixture(autouse=True)
+def float_activations(monkeypatch):
+    """The logits bound above is float32 round-off, so the compiled CPU kernels keep float32
+    activations here; their default 8-bit activations (GEMV and, past 4 tokens, the int8 GEMM)
+    have bound tests of their own (test_gguf_cpu_kernels) and the greedy test below runs both."""
+    from toolkit.kernels.gguf_cpu import ops  # noqa: PLC0415
+
+    monkeypatch.setattr(ops, "INT8_ACTIVATIONS", False)
+
+
 def transformers_logits(folder, name: str, ids: list[int]) -> torch.Tensor:
     from transformers import AutoModelForCausalLM
 
@@ -82,9 +92,15 @@ def test_device_bytes_are_the_file_bytes(tmp_path):
     assert loaded.report.parameter_bytes - buffers == loaded.report.bytes_read
 
 
-def test_generate_matches_transformers_greedy(tmp_path):
+@pytest.mark.parametrize("int8", [False, True], ids=["float32-activations", "int8-activations"])
+def test_generate_matches_transformers_greedy(tmp_path, monkeypatch, int8):
+    """Greedy tokens equal transformers' with float32 activations and with the CPU default 8-bit
+    ones (the 11-token prompt goes through the int8 GEMM, each new token through the GEMV)."""
     from transformers import AutoModelForCausalLM
 
+    from toolkit.kernels.gguf_cpu import ops  # noqa: PLC0415
+
+    monkeypatch.setattr(ops, "INT8_ACTIVATIONS", int8)
     path = write_model(tmp_path / "g.gguf", CASES["qwen2-q4_k_m-tied"])
     ours = toolkit.load(str(path), device="cpu").generate(PROMPT, max_new_tokens=6, stop_token_ids=[])
     reference = AutoModelForCausalLM.from_pretrained(tmp_path, gguf_file=path.name, dtype=torch.float32).eval()
