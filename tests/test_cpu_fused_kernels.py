@@ -54,6 +54,10 @@ def test_rotary_qk_matches_reference(rotary_dim):
 def test_gated_activation_matches_reference(activation):
     x = torch.randn(3, 2 * 96, generator=torch.Generator().manual_seed(2)) * 4
     torch.testing.assert_close(ops.gated_activation(x, activation), reference.gated_activation(x, activation), **TOL)
+    # a width off the 8-lane vector (scalar tail) and gates far out (the vector exp's input clamp)
+    x = torch.randn(2, 2 * 101, generator=torch.Generator().manual_seed(3)) * 4
+    x[0, :6] = torch.tensor([-100.0, -90.0, -30.0, 30.0, 90.0, 100.0])
+    torch.testing.assert_close(ops.gated_activation(x, activation), reference.gated_activation(x, activation), **TOL)
 
 
 def _cache_and_meta(context: list[int], query: list[int], block_size=4, kv_heads=2, dim=16, table_dtype=torch.int32):

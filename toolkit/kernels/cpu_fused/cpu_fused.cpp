@@ -18,6 +18,10 @@
 #include <limits>
 #include <vector>
 
+#if defined(__AVX2__)
+#include <immintrin.h>
+#endif
+
 namespace cpu_fused {
 
 static inline float sum_squares(const float* x, int64_t n) {
@@ -106,7 +110,33 @@ void rotary_qk(int64_t pos_ptr, int64_t q_ptr, int64_t q_stride, int64_t k_ptr, 
            k_heads, head_dim, rotary_dim, cos_table.data(), sin_table.data());
 }
 
-// out[t, i] = act(x[t, i]) * x[t, width + i]; act 0 = silu, 1 = gelu (tanh approximation), 2 = gelu (erf)
+#if defined(__AVX2__) && defined(__FMA__)
+// exp of 8 floats: x = n ln2 + r (|r| <= ln2 / 2, ln2 split in two for an exact n ln2), e^r by
+// the degree-7 Taylor-like minimax polynomial of Cephes' expf, times 2^n built in the exponent
+// bits. Within ~2 float32 ulp of std::exp over the clamped range; inputs are clamped to
+// [-87.3, 88.3] (e^x stays a normal float), which only moves results that round to 0 or
+// overflow the activations' formulas anyway.
+static inline __m256 exp8(__m256 x) {
+    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.3f)), _mm256_set1_ps(88.3f));
+    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 y = _mm256_set1_ps(1.9875691500e-4f);
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.3981999507e-3f));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(8.3334519073e-3f));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(4.1665795894e-2f));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.6666665459e-1f));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(5.0000001201e-1f));
+    y = _mm256_fmadd_ps(y, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    const __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(y, _mm256_castsi256_ps(bits));
+}
+#endif
+
+// out[t, i] = act(x[t, i]) * x[t, width + i]; act 0 = silu, 1 = gelu (tanh approximation), 2 = gelu (erf).
+// silu and gelu-tanh are g / (1 + e^-z) (z = g, or 2 * sqrt(2 / pi) * (g + 0.044715 g^3)); with
+// AVX2 eight at a time through exp8 (a prefill's 128 x 2048 gelu-tanh: 1.9 ms -> see the commit).
 void gated_activation(int64_t x_ptr, int64_t out_ptr, int64_t tokens, int64_t width, int activation) {
     const float* x = reinterpret_cast<const float*>(x_ptr);
     float* out = reinterpret_cast<float*>(out_ptr);
@@ -115,7 +145,21 @@ void gated_activation(int64_t x_ptr, int64_t out_ptr, int64_t tokens, int64_t wi
             const float* gate = x + t * 2 * width;
             const float* up = gate + width;
             float* o = out + t * width;
-            for (int64_t i = 0; i < width; ++i) {
+            int64_t i = 0;
+#if defined(__AVX2__) && defined(__FMA__)
+            if (activation == 0 || activation == 1) {
+                const __m256 one = _mm256_set1_ps(1.0f), cube = _mm256_set1_ps(0.044715f);
+                const __m256 factor = _mm256_set1_ps(-1.5957691216057308f), minus = _mm256_set1_ps(-1.0f);
+                for (; i + 8 <= width; i += 8) {
+                    const __m256 g = _mm256_loadu_ps(gate + i);
+                    const __m256 z = activation == 0 ? _mm256_mul_ps(g, minus)
+                        : _mm256_mul_ps(factor, _mm256_fmadd_ps(_mm256_mul_ps(cube, g), _mm256_mul_ps(g, g), g));
+                    const __m256 a = _mm256_div_ps(g, _mm256_add_ps(one, exp8(z)));
+                    _mm256_storeu_ps(o + i, _mm256_mul_ps(a, _mm256_loadu_ps(up + i)));
+                }
+            }
+#endif
+            for (; i < width; ++i) {
                 const float g = gate[i];
                 float a;
                 if (activation == 0) a = g / (1.0f + std::exp(-g));
