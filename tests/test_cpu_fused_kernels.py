@@ -90,6 +90,18 @@ def test_paged_attention_decode_and_prefill_match_reference(window, softcap, tab
         torch.testing.assert_close(got, want, **TOL)
 
 
+@pytest.mark.parametrize("dim,kv_heads", [(80, 1), (256, 2)])
+def test_paged_attention_wide_heads_match_reference(dim, kv_heads):
+    """Head sizes that reach the vector paths (64-wide output blocks, 32-wide dots) and their tails
+    (80 = 64 + 16), four query heads per KV head, a 40-token prefill after a 9-token prefix."""
+    k_cache, v_cache, meta = _cache_and_meta([49, 3], [40, 1], block_size=8, kv_heads=kv_heads, dim=dim)
+    q = torch.randn(41, 4 * kv_heads, dim, generator=torch.Generator().manual_seed(6))
+    for window in (None, 7):
+        got = ops.paged_attention(q, k_cache, v_cache, meta, dim ** -0.5, window, None)
+        want = reference.paged_attention(q, k_cache, v_cache, meta, dim ** -0.5, window, None)
+        torch.testing.assert_close(got, want, **TOL)
+
+
 def test_store_kv_matches_reference():
     g = torch.Generator().manual_seed(5)
     kv = torch.randn(3, 2 * 2 * 8, generator=g)
