@@ -9,9 +9,14 @@ The weights stay in the file's packed bytes; nothing is repacked or kept dequant
   import) keeps float32 activations, whose results equal dequantize-then-matmul up to float32
   summation order (in registers with AVX2 + FMA; through a one-row buffer in the portable build,
   which always uses float32).
-- Many rows (prefill): rows of the weight are dequantized, ``TILE_ELEMENTS`` at a time, into a
-  reused float32 tile, and multiplied with ``torch.matmul`` (MKL/oneDNN), so the arithmetic runs
-  in an optimized GEMM and the tile stays in cache.
+- Many rows (prefill), AVX2 builds with 8-bit activations (the default): the int8 GEMM of
+  ``gemm.h``. The activations are quantized once per call exactly as for the GEMV (same bytes,
+  same bound); each thread decodes its weight rows three at a time into an L1 buffer, once per
+  64 tokens, and a 3-row x 4-token micro-kernel does the integer products (maddubs/madd).
+- Many rows otherwise (no AVX2, ``TOOLKIT_GGUF_CPU_INT8=0`` or ``TOOLKIT_GGUF_CPU_GEMM=0``): rows
+  of the weight are dequantized, ``TILE_ELEMENTS`` at a time, into a reused float32 tile, and
+  multiplied with ``torch.matmul`` (MKL/oneDNN), so the arithmetic runs in an optimized GEMM and
+  the tile stays in cache.
 
 Only float32 activations (the CPU default dtype) are taken: for 16-bit activations the op's
 contract is the reference's (weights rounded to ``x.dtype``), which the torch path keeps.
