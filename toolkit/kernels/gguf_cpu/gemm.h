@@ -9,14 +9,14 @@
 //      additive offset per 32-element sub-block);
 //   2. a register-tiled micro-kernel dots that buffer against MICRO_TOKENS tokens at a time.
 //
-// Types whose values are q - c with c constant (Q4_0: 8, Q5_0: 16) are stored unsigned (q) with
-// the constant folded into the offset term (-c * scale * sum(x_hat)), so maddubs takes them
-// directly; Q8_0 and Q6_K stay signed and use the sign trick (maddubs(|q|, sign(x, q))).
+// Types with a per-block minimum (Q4_1, Q5_1, Q4_K, Q5_K) decode to unsigned values that maddubs
+// takes directly, their minimum adding bias * sum(x_hat) per sub-block; the others decode to
+// signed values and use the sign trick (maddubs(|q|, sign(x, q))). Storing Q4_0 / Q5_0 unsigned
+// with the constant 8 / 16 moved into that offset measured no faster, so they stay signed.
 // Tokens are processed in blocks of TOKEN_BLOCK so the int8 activations a tile reads stay in L2.
 #pragma once
 
 #if defined(__AVX2__) && defined(__FMA__)
-
 
 #include <algorithm>
 #include <vector>
@@ -36,10 +36,7 @@ constexpr int TILE_ROWS = GEMM_TILE_ROWS;          // weight rows decoded togeth
 constexpr int MICRO_TOKENS = GEMM_MICRO_TOKENS;    // tokens per micro-kernel call
 constexpr int64_t TOKEN_BLOCK = 64;   // tokens per pass over a tile (their int8 rows stay in L2)
 
-// The constant c of types whose values are q - c (stored as unsigned q), 0 for the others.
-// Unused (0) for now: measured, the per-output offset work cost more than the sign trick it saves.
-template <int QT> constexpr int unsigned_offset() { return 0; }
-// Types whose stored values can be negative: the micro-kernel applies the sign trick.
+// Types whose decoded values can be negative: the micro-kernel applies the sign trick.
 template <int QT> constexpr bool signed_values() { return !Decoder<QT>::bias; }
 
 // One decoded tile: for tile row i and sub-block s, q[(i * nsub + s) * 32 ..] holds 32 int8 values,
@@ -54,7 +51,6 @@ struct DecodedTile {
 template <int QT>
 static void decode_tile(const uint8_t* w, int64_t row_bytes, int64_t first, int count, int64_t cols, DecodedTile& t) {
     using D = Decoder<QT>;
-    constexpr int c = unsigned_offset<QT>();
     const int64_t nb = cols / (32 * D::subs), nsub = cols / 32;
     for (int i = 0; i < count; ++i) {
         const uint8_t* b = w + (first + i) * row_bytes;
@@ -62,10 +58,9 @@ static void decode_tile(const uint8_t* w, int64_t row_bytes, int64_t first, int 
             for (int k = 0; k < D::subs; ++k) {
                 const Sub s = D::get(b, k);
                 const int64_t at = i * nsub + block * D::subs + k;
-                const __m256i q = c ? _mm256_add_epi8(s.q, _mm256_set1_epi8(c)) : s.q;
-                _mm256_storeu_si256((__m256i*)(t.q.data() + at * 32), q);
+                _mm256_storeu_si256((__m256i*)(t.q.data() + at * 32), s.q);
                 _mm256_storeu_ps(t.scale.data() + at * 8, _mm256_set_m128(_mm_set1_ps(s.s1), _mm_set1_ps(s.s0)));
-                t.bias[at] = s.bias - (float)c * s.s0;  // c != 0 only for types with s0 == s1
+                t.bias[at] = s.bias;
             }
         }
     }
@@ -113,7 +108,7 @@ static inline void tile_tokens(const DecodedTile& t, int rows_here, int64_t nsub
 template <int QT>
 static void gemm_rows(const uint8_t* w, int64_t row_bytes, const int8_t* xq, const float* xd, const float* xsum,
                       float* out, int64_t m, int64_t rows, int64_t cols, int64_t begin, int64_t end) {
-    constexpr bool offsets_needed = Decoder<QT>::bias || unsigned_offset<QT>() != 0;
+    constexpr bool offsets_needed = Decoder<QT>::bias;
     const int64_t nsub = cols / 32;
     DecodedTile tile(nsub);
     float res[TILE_ROWS * MICRO_TOKENS];
