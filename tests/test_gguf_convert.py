@@ -45,7 +45,18 @@ TEXTS = ["Hello world", " leading space", "  two  spaces   here", "kalomi nerusa
 CHAT = "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
 
 
+@pytest.fixture(autouse=True)
+def float_activations(monkeypatch):
+    """The logits bounds here are float32 round-off: the compiled CPU kernels keep float32
+    activations (their default 8-bit ones, GEMV and int8 GEMM, have bound tests of their own in
+    test_gguf_cpu_kernels)."""
+    from toolkit.kernels.gguf_cpu import ops  # noqa: PLC0415
+
+    monkeypatch.setattr(ops, "INT8_ACTIVATIONS", False)
+
+
 # ---- sources --------------------------------------------------------------------------------------
+
 def sentencepiece_tokenizer(*, gemma: bool) -> tf.PreTrainedTokenizerFast:
     """A BPE vocabulary with byte fallback, as Llama 2 (Metaspace, prefix space) or Gemma
     (spaces replaced by a normalizer, no prefix) spell it: specials, 256 byte tokens, pieces."""

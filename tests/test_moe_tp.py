@@ -15,6 +15,17 @@ PROMPT = torch.randint(0, VOCAB, (11,), generator=torch.Generator().manual_seed(
 PLUGINS = "safetensors,unquantized,llama,qwen,qwen-moe,mixtral,reference-kernels,moe-kernels"
 
 
+@pytest.fixture(autouse=True)
+def float_activations(monkeypatch):
+    """These bounds are float32 round-off: the compiled CPU GGUF kernels keep float32 activations
+    (their default 8-bit ones, GEMV and int8 GEMM, have bound tests in test_gguf_cpu_kernels);
+    the tensor-parallel workers get the same setting through the environment they inherit."""
+    from toolkit.kernels.gguf_cpu import ops  # noqa: PLC0415
+
+    monkeypatch.setattr(ops, "INT8_ACTIVATIONS", False)
+    monkeypatch.setenv("TOOLKIT_GGUF_CPU_INT8", "0")
+
+
 def _expert_shapes(loaded):
     experts = next(layer.mlp.experts for layer in loaded.model.model.layers if hasattr(layer.mlp, "experts"))
     return loaded.parallel.tp_rank, tuple(experts.gate_up_proj.shape), tuple(experts.down_proj.shape)
