@@ -144,6 +144,7 @@ def private_runtime(monkeypatch):
     runtime.candidates("gated_delta_rule_prefill", "cpu")  # the registry is loaded before it is copied
     monkeypatch.setattr(runtime, "_OPS", {name: list(impls) for name, impls in runtime._OPS.items()})
     monkeypatch.setattr(runtime, "_CANDIDATES", {})
+    monkeypatch.setattr(runtime, "_RESOLVED", {})
     return runtime
 
 

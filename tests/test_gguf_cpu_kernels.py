@@ -171,6 +171,55 @@ def test_parallel_for_really_uses_the_threads():
         torch.set_num_threads(previous)
 
 
+def test_decode_gemv_pool_uses_torch_threads():
+    """The help-first pool of the decode GEMVs (pool.h) runs on torch.get_num_threads() threads."""
+    previous = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        assert build.extension().pool_threads_used(4096, 640) == 2
+        torch.set_num_threads(1)
+        assert build.extension().pool_threads_used(4096, 640) == 1
+    finally:
+        torch.set_num_threads(previous)
+
+
+@pytest.mark.parametrize("int8", [False, True])
+def test_pool_gemv_same_bits_on_any_threads_and_concurrent_callers(monkeypatch, int8):
+    """Each output row is computed by one thread in a fixed order, so the pool's split changes no
+    bit: 1 thread, 2 threads, and 3 Python threads calling at once (the GIL is released; only one
+    caller gets the pool, the others run alone) all give the same result."""
+    import threading  # noqa: PLC0415
+
+    monkeypatch.setattr(ops, "INT8_ACTIVATIONS", int8)
+    packed, weight = packed_and_oracle("Q4_K", 1500, 512, np.random.default_rng(11))
+    data = torch.from_numpy(packed)
+    xs = [torch.randn(m, 512, generator=torch.Generator().manual_seed(m)) for m in (1, 2, 4)]
+    previous = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        alone = [gguf_matmul_native(x, data, HANDLED["Q4_K"], 512) for x in xs]
+        torch.set_num_threads(2)
+        for x, expected in zip(xs, alone):
+            assert torch.equal(gguf_matmul_native(x, data, HANDLED["Q4_K"], 512), expected)
+        results: dict[tuple[int, int], torch.Tensor] = {}
+
+        def worker(index: int) -> None:
+            for repeat in range(20):
+                results[index, repeat] = gguf_matmul_native(xs[index], data, HANDLED["Q4_K"], 512)
+
+        threads = [threading.Thread(target=worker, args=(i,)) for i in range(3)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert all(torch.equal(got, alone[index]) for (index, _), got in results.items())
+        assert len(results) == 60
+    finally:
+        torch.set_num_threads(previous)
+    if not int8:
+        assert_matmul_close(alone[0], xs[0], weight)
+
+
 def test_registry_picks_the_compiled_op_on_cpu():
     packed, _ = packed_and_oracle("Q8_0", 4, 64, np.random.default_rng(6))
     x = torch.randn(1, 64)

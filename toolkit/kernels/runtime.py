@@ -6,6 +6,15 @@ higher priority and may offer ``supports(*args, **kwargs) -> bool`` to decline a
 (an odd shape, a type they do not handle), in which case the next candidate runs.
 
 Callers never import a kernel module: ``runtime.call("rms_norm", x, weight, eps)``.
+
+Resolution is cached. ``supports`` must decide from what the *signature* of the call holds: each
+tensor argument's dtype, device, shape and strides, and the value of each plain argument (``None``,
+bool, int, float, str, ``torch.dtype``), plus state of its own that only changes together with an
+``invalidate()`` (a compiled module built or reset); never from tensor contents. The runtime then
+remembers, per (op, signature), which implementation ``supports`` picked, so the hundreds of calls
+of a decode step each cost a dictionary lookup instead of a walk over ``supports`` checks. A call
+with any other kind of argument (an attention-metadata object, a list) is resolved afresh every
+time. ``register``, ``reset`` and ``invalidate`` empty the cache.
 """
 from __future__ import annotations
 
@@ -30,6 +39,11 @@ _OPS: dict[str, list[OpImpl]] = {}
 # (op, device) -> candidates, best first; rebuilt on every register (an eager forward resolves
 # hundreds of ops per step, so the filtering is done once, not per call)
 _CANDIDATES: dict[tuple[str, str], list[OpImpl]] = {}
+# (op, signature of the call) -> the implementation resolve() chose (see the module docstring)
+_RESOLVED: dict[tuple, Callable] = {}
+_RESOLVED_MAX = 4096  # prefill shapes vary with the prompt: start over rather than grow without end
+_Tensor = torch.Tensor
+_PLAIN = (type(None), bool, int, float, str, torch.dtype)
 
 
 def register(op_name: str, fn: Callable, device: str = "any", priority: int = 0, owner: str = "(direct)") -> None:
@@ -37,7 +51,7 @@ def register(op_name: str, fn: Callable, device: str = "any", priority: int = 0,
     impls = _OPS.setdefault(op_name, [])
     impls.append(OpImpl(op_name, fn, device, priority, owner))
     impls.sort(key=lambda impl: (impl.device == "any", -impl.priority))
-    _CANDIDATES.clear()
+    invalidate()
 
 
 def install(entries) -> None:
@@ -66,8 +80,28 @@ def candidates(op_name: str, device: str) -> list[OpImpl]:
     return found
 
 
-def resolve(op_name: str, *args, **kwargs) -> Callable:
-    """The implementation that would run for these arguments."""
+def _signature(op_name: str, args, kwargs) -> tuple | None:
+    """What ``supports`` may look at (module docstring), as a dict key; None: not cacheable."""
+    key = [op_name]
+    for arg in args:
+        if isinstance(arg, _Tensor):
+            key.append((arg.dtype, arg.device, arg.shape, arg.stride()))
+        elif isinstance(arg, _PLAIN):
+            key.append((arg.__class__, arg))  # the class too: 1, 1.0 and True are equal keys
+        else:
+            return None
+    if kwargs:
+        for name, arg in sorted(kwargs.items()):
+            if isinstance(arg, _Tensor):
+                key.append((name, arg.dtype, arg.device, arg.shape, arg.stride()))
+            elif isinstance(arg, _PLAIN):
+                key.append((name, arg.__class__, arg))
+            else:
+                return None
+    return tuple(key)
+
+
+def _choose(op_name: str, args, kwargs) -> Callable:
     for impl in candidates(op_name, _device_of(args)):
         supports = getattr(impl.fn, "supports", None)
         if supports is None or supports(*args, **kwargs):
@@ -75,8 +109,29 @@ def resolve(op_name: str, *args, **kwargs) -> Callable:
     raise UnknownNameError("kernel op for this device/shape", op_name, [i.owner for i in _OPS[op_name]])
 
 
+def resolve(op_name: str, *args, **kwargs) -> Callable:
+    """The implementation that would run for these arguments (cached per call signature)."""
+    key = _signature(op_name, args, kwargs)
+    if key is None:
+        return _choose(op_name, args, kwargs)
+    fn = _RESOLVED.get(key)
+    if fn is None:
+        fn = _choose(op_name, args, kwargs)
+        if len(_RESOLVED) >= _RESOLVED_MAX:
+            _RESOLVED.clear()
+        _RESOLVED[key] = fn
+    return fn
+
+
 def call(op_name: str, *args, **kwargs):
     return resolve(op_name, *args, **kwargs)(*args, **kwargs)
+
+
+def invalidate() -> None:
+    """Forget cached resolutions (not the registrations): call it when something a ``supports``
+    reads besides the call's signature changes, e.g. a compiled kernel module is reset."""
+    _CANDIDATES.clear()
+    _RESOLVED.clear()
 
 
 def reset() -> None:
@@ -84,7 +139,7 @@ def reset() -> None:
     reconfigured) plugin registry provides. Tests that narrow ``TOOLKIT_PLUGINS`` call this with
     ``reset_default_registry()``, so kernels an earlier test installed do not linger."""
     _OPS.clear()
-    _CANDIDATES.clear()
+    invalidate()
 
 
 def reference(op_name: str) -> Callable:

@@ -26,7 +26,7 @@ from ...core.openmp import passive_waiting
 
 HERE = Path(__file__).parent
 SOURCES = [HERE / "gguf_cpu.cpp"]
-HEADERS = [HERE / "blocks.h", HERE / "fused.h", HERE / "gemm.h"]
+HEADERS = [HERE / "blocks.h", HERE / "fused.h", HERE / "gemm.h", HERE / "pool.h"]
 CFLAGS = ["-O3", "-march=native", "-fno-math-errno"]
 
 
@@ -155,6 +155,9 @@ class Extension:
 
     def reset(self) -> None:
         self.module = _UNSET
+        from .. import runtime  # noqa: PLC0415 - supports() answers depend on the module: drop cached ones
+
+        runtime.invalidate()
 
 
 _GGUF = Extension("toolkit_gguf_cpu", SOURCES, HEADERS, "CPU GGUF kernels")

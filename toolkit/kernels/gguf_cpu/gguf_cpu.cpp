@@ -6,8 +6,9 @@
 // rows of `row_bytes` bytes, each `cols` logical elements of type `qtype`; `x` is `m` contiguous
 // float32 rows of `cols`; `out` is `m` contiguous float32 rows of `rows`. Pointers travel as
 // integers so this file needs only ATen's parallel header (fast to compile), and the GIL is
-// released for the whole call. Work is split over rows with at::parallel_for: torch's own
-// thread pool, so torch.set_num_threads governs it like every other op.
+// released for the whole call. A decode GEMV splits its rows on the help-first pool of pool.h
+// (the caller never waits for a sleeping worker); the dequantizer uses at::parallel_for. Both take
+// torch.get_num_threads() threads, so torch.set_num_threads governs them like every other op.
 #include <pybind11/pybind11.h>
 #include <ATen/Parallel.h>
 
@@ -18,6 +19,7 @@
 #include "blocks.h"
 #include "fused.h"
 #include "gemm.h"
+#include "pool.h"
 
 namespace gguf_cpu {
 
@@ -60,6 +62,16 @@ static int64_t grain_for(int64_t cols, int64_t m = 1) {
 }
 // Tuning hook (not called by toolkit): rerun the grain measurements on another machine.
 void set_min_chunk(int64_t products) { min_chunk = std::max<int64_t>(1, products); }
+// Rows per chunk of a decode GEMV on the help-first pool (pool.h): ~64K weight-times-token products
+// (~10 us on one core), so even a 256x640 GEMV splits; whole 16-row groups keep threads' outputs on
+// separate cache lines. Small chunks cost one atomic each and balance a late or slow helper.
+static int64_t pool_products = int64_t(1) << 16;
+static int64_t pool_grain(int64_t cols, int64_t m) {
+    const int64_t rows = std::max<int64_t>(1, pool_products / std::max<int64_t>(cols * m, 1));
+    return (rows + 15) / 16 * 16;
+}
+// Tuning hook (not called by toolkit).
+void set_pool_chunk(int64_t products) { pool_products = std::max<int64_t>(1, products); }
 // Rows per chunk when dequantizing a prefill tile: ~256K weights.
 static int64_t dequant_grain(int64_t cols) { return std::max<int64_t>(1, (int64_t(1) << 18) / std::max<int64_t>(cols, 1)); }
 
@@ -163,7 +175,7 @@ void gemv(int64_t x_ptr, int64_t w_ptr, int64_t out_ptr, int64_t m, int64_t rows
         std::vector<int8_t> xq(m * cols);
         std::vector<float> xd(m * nsub), xsum(m * nsub);
         quantize_rows(x, m, cols, xq.data(), xd.data(), xsum.data());
-        at::parallel_for(0, rows, grain_for(cols, m), [&](int64_t begin, int64_t end) {
+        pool_for(rows, pool_grain(cols, m), [&](int64_t begin, int64_t end) {
             integer(w, row_bytes, xq.data(), xd.data(), xsum.data(), out, rows, cols, begin, end);
         });
         return;
@@ -176,7 +188,7 @@ void gemv(int64_t x_ptr, int64_t w_ptr, int64_t out_ptr, int64_t m, int64_t rows
             for (int j = 0; j < 32; ++j) s += x[32 * i + j];
             xsum[i] = s;
         }
-        at::parallel_for(0, rows, grain_for(cols, m), [&](int64_t begin, int64_t end) {
+        pool_for(rows, pool_grain(cols, m), [&](int64_t begin, int64_t end) {
             fused(w, row_bytes, x, xsum.data(), out, rows, cols, begin, end);
         });
         return;
@@ -199,6 +211,22 @@ void dequantize(int64_t w_ptr, int64_t out_ptr, int64_t rows, int64_t cols, int6
     at::parallel_for(0, rows, dequant_grain(cols), [&](int64_t begin, int64_t end) {
         for (int64_t r = begin; r < end; ++r) dequant_row(qtype, w + r * row_bytes, out + r * cols, cols);
     });
+}
+
+// Threads one GEMV of `rows` x `cols` really ran on (a test checks the pool uses torch's count).
+int pool_threads_used(int64_t rows, int64_t cols) {
+    std::mutex lock;
+    std::vector<std::thread::id> ids;
+    pool_for(rows, pool_grain(cols, 1), [&](int64_t, int64_t) {
+        const auto me = std::this_thread::get_id();
+        {
+            std::lock_guard<std::mutex> guard(lock);
+            if (std::find(ids.begin(), ids.end(), me) == ids.end()) ids.push_back(me);
+        }
+        const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(200);
+        while (std::chrono::steady_clock::now() < until) {}  // hold the chunk so a helper takes the next
+    });
+    return static_cast<int>(ids.size());
 }
 
 int block_elements(int qtype) { return block_elems(qtype); }
@@ -234,6 +262,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
     module.def("gemm", &gguf_cpu::gemm, py::call_guard<py::gil_scoped_release>());
     module.def("dequantize", &gguf_cpu::dequantize, py::call_guard<py::gil_scoped_release>());
     module.def("set_min_chunk", &gguf_cpu::set_min_chunk);
+    module.def("set_pool_chunk", &gguf_cpu::set_pool_chunk);
+    module.def("pool_threads_used", &gguf_cpu::pool_threads_used, py::call_guard<py::gil_scoped_release>());
     module.def("parallel_threads", &gguf_cpu::parallel_threads);
     module.def("block_elements", &gguf_cpu::block_elements);
     module.def("isa", &gguf_cpu::isa);

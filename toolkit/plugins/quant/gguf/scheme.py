@@ -34,13 +34,23 @@ class GGUFScheme:
         """``x @ W.T (+ bias)``: one ``gguf_matmul`` per segment (run of rows sharing a quant type)."""
         weight: GGUFParameter = layer.weight
         rows, cols = weight.logical_shape
-        flat = x.reshape(-1, cols).to(self.params_dtype)
-        parts = [(segment, runtime.call("gguf_matmul", flat, data, segment.qtype, cols))
-                 for segment, data in weight.packed_segments()]
-        out = _columns(parts, rows, flat).to(self.params_dtype)
+        dtype = self.params_dtype
+        # reshape/.to only when they change something: each is a dispatched torch call (~2 us on
+        # CPU) even when it returns its input, and a decode step makes ~80 of these matmuls
+        flat = x if x.dim() == 2 and x.shape[1] == cols else x.reshape(-1, cols)
+        if flat.dtype != dtype:
+            flat = flat.to(dtype)
+        segments = weight.packed_segments()
+        if len(segments) == 1 and segments[0][0].row_start == 0 and segments[0][0].rows == rows:
+            out = runtime.call("gguf_matmul", flat, segments[0][1], segments[0][0].qtype, cols)
+        else:
+            out = _columns([(segment, runtime.call("gguf_matmul", flat, data, segment.qtype, cols))
+                            for segment, data in segments], rows, flat)
+        if out.dtype != dtype:
+            out = out.to(dtype)
         if bias is not None:
             out = out + bias
-        return out.reshape(*x.shape[:-1], rows)
+        return out if x.dim() == 2 else out.reshape(*x.shape[:-1], rows)
 
     def embed(self, layer: nn.Module, ids: torch.Tensor) -> torch.Tensor:
         """Rows ``ids`` of the table; only those rows are dequantized (rows never loaded, such as
