@@ -155,3 +155,20 @@ def test_invalid_params_are_rejected():
     for bad in (dict(top_p=0), dict(temperature=-1), dict(max_tokens=0), dict(min_p=2)):
         with pytest.raises(ValueError):
             SamplingParams(**bad)
+
+
+def test_argmax_rows_equals_torch_argmax():
+    """The numpy fast path of greedy choice gives torch's answer: first maximum on ties, first NaN,
+    -inf rows, 1-D and 3-D inputs, float64; other dtypes go to torch itself."""
+    from toolkit.core.argmax import argmax_rows  # noqa: PLC0415
+
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randn(5, 1000, generator=gen)
+    logits[1, 10] = logits[1, 900] = 50.0                  # tie: the first wins
+    logits[2, 7], logits[2, 300] = float("nan"), float("nan")
+    logits[3] = float("-inf")
+    logits[4, 999] = float("inf")
+    for case in (logits, logits[0], logits.reshape(5, 2, 500), logits.double(), logits[:, ::2],
+                 logits.bfloat16(), torch.randint(0, 3, (4, 9))):
+        got = argmax_rows(case)
+        assert got.dtype == torch.int64 and torch.equal(got, case.argmax(-1)), case.dtype

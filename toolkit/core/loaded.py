@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from .arch import ModelArch
+from .argmax import argmax_rows
 from .config import ModelConfig
 from .layers.attention import Attention, AttentionMetadata
 from .layers.recurrent import allocate_states, bind_states, recurrent_states
@@ -58,7 +59,7 @@ class LoadedModel:
                 if cores is not None:
                     cores.adjust()
                 hidden = self.model(*cache.step_inputs(step_ids, start))
-                next_id = int(self.model.compute_logits(hidden[-1:]).argmax(-1))
+                next_id = int(argmax_rows(self.model.compute_logits(hidden[-1:])))
                 out.append(next_id)
                 if next_id in stops:
                     break

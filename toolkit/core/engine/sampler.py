@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..argmax import argmax_rows
 from .sampling_params import SamplingParams
 
 
@@ -128,7 +129,7 @@ class Sampler:
         return SampleResult(token_ids, logprobs)
 
     def _choose(self, logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
-        token_ids = logits.argmax(-1)
+        token_ids = argmax_rows(logits)
         sampled = [i for i, r in enumerate(rows) if not r.params.is_greedy]
         if sampled:
             index = torch.tensor(sampled, device=logits.device)
