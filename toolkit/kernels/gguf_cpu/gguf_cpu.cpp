@@ -10,6 +10,7 @@
 // (the caller never waits for a sleeping worker); the dequantizer uses at::parallel_for. Both take
 // torch.get_num_threads() threads, so torch.set_num_threads governs them like every other op.
 #include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
 #include <ATen/Parallel.h>
 
 #include <algorithm>
@@ -263,6 +264,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
     module.def("dequantize", &gguf_cpu::dequantize, py::call_guard<py::gil_scoped_release>());
     module.def("set_min_chunk", &gguf_cpu::set_min_chunk);
     module.def("set_pool_chunk", &gguf_cpu::set_pool_chunk);
+    module.def("pool_chunks", [] {
+        auto& pool = gguf_cpu::HelpFirstPool::instance();
+        return std::make_pair(pool.chunks_run(), pool.chunks_helped());
+    });
     module.def("pool_threads_used", &gguf_cpu::pool_threads_used, py::call_guard<py::gil_scoped_release>());
     module.def("parallel_threads", &gguf_cpu::parallel_threads);
     module.def("block_elements", &gguf_cpu::block_elements);

@@ -66,11 +66,15 @@ public:
         for (int64_t c; (c = claim(gen, chunks)) >= 0; ++finished) job(context, c);
         // Only chunks some worker claimed are left; they are running now.
         if (finished) done_.fetch_add(finished);
+        total_.fetch_add(chunks, std::memory_order_relaxed);
         while (done_.load() < chunks) _mm_pause();
         state_.store(gen << 32 | kClosed);
     }
 
     int workers() const { return static_cast<int>(workers_.size()); }
+    // Chunks run (by anyone) and chunks run by workers since start: how much the helpers helped.
+    int64_t chunks_run() const { return total_.load(std::memory_order_relaxed); }
+    int64_t chunks_helped() const { return helped_.load(std::memory_order_relaxed); }
 
     static HelpFirstPool& instance() {
         // Never destroyed (workers are detached and may still sleep at exit); re-created after a
@@ -109,14 +113,17 @@ private:
     }
 
     void work(int id) {
-        uint64_t seen = 0;
+        uint64_t seen = 0;  // the newest generation this worker has run or found already closed
         for (;;) {
-            uint64_t s = state_.load();
-            if ((s >> 32) == seen || (s & kClosed) == kClosed) {
+            const uint64_t s = state_.load();
+            const uint64_t gen = s >> 32;
+            if (gen == seen || (s & kClosed) == kClosed) {
+                // Nothing to do. After a wake-up that came too late (the job already closed), spin
+                // again rather than sleep: the next GEMV is likely a few microseconds away.
+                seen = gen;
                 if (!spin_for_change(seen)) sleep_until_change(seen);
                 continue;
             }
-            const uint64_t gen = s >> 32;
             seen = gen;
             // Read the job after seeing it open; a claim below succeeds only while it still is,
             // which means these fields were not rewritten in between (run() closes a job first).
@@ -126,7 +133,7 @@ private:
             if (id >= helpers_.load(std::memory_order_relaxed)) continue;  // fewer threads wanted for this job
             int64_t finished = 0;
             for (int64_t c; (c = claim(gen, chunks)) >= 0; ++finished) job(context, c);
-            if (finished) done_.fetch_add(finished);
+            if (finished) done_.fetch_add(finished), helped_.fetch_add(finished, std::memory_order_relaxed);
         }
     }
 
@@ -146,15 +153,13 @@ private:
     void sleep_until_change(uint64_t seen) {
         std::unique_lock<std::mutex> lock(mutex_);
         sleepers_.fetch_add(1);  // seq_cst with run()'s publish-then-check: one of us sees the other
-        wake_.wait(lock, [&] {
-            const uint64_t s = state_.load();
-            return (s >> 32) != seen && (s & kClosed) != kClosed;
-        });
+        wake_.wait(lock, [&] { return (state_.load() >> 32) != seen; });  // a job was published since
         sleepers_.fetch_sub(1);
     }
 
     std::atomic<uint64_t> state_{kClosed};  // generation << 32 | next chunk (kClosed: none open)
     std::atomic<int64_t> done_{0};
+    std::atomic<int64_t> total_{0}, helped_{0};
     std::atomic<int> sleepers_{0};
     // the open job (written while no job is open, read by workers before they claim)
     std::atomic<Job> job_{nullptr};
