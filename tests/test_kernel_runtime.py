@@ -118,3 +118,17 @@ def test_compiled_module_reset_invalidates(private_runtime, monkeypatch):
     assert private_runtime._RESOLVED
     Extension("toolkit_test_unused", [], [], "nothing").reset()
     assert not private_runtime._RESOLVED
+
+
+def test_address_alignment_is_part_of_the_key(private_runtime):
+    """Kernels that read whole words decline misaligned views (triton_ops._packed_ok); a cached
+    choice for an aligned tensor must not serve a view of the same shape at an odd address."""
+    words = counted("words", accept=lambda data: data.data_ptr() % 4 == 0)
+    private_runtime.register(OP, lambda data: "bytes")
+    private_runtime.register(OP, words, device="cpu", priority=10)
+    buffer = torch.zeros(64, dtype=torch.uint8)
+    aligned, odd = buffer[:16], buffer[1:17]
+    assert aligned.data_ptr() % 4 == 0 and odd.data_ptr() % 4 == 1
+    assert private_runtime.call(OP, aligned) == "words"
+    assert private_runtime.call(OP, odd) == "bytes"
+    assert private_runtime.call(OP, aligned) == "words"

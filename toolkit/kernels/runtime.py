@@ -8,7 +8,8 @@ higher priority and may offer ``supports(*args, **kwargs) -> bool`` to decline a
 Callers never import a kernel module: ``runtime.call("rms_norm", x, weight, eps)``.
 
 Resolution is cached. ``supports`` must decide from what the *signature* of the call holds: each
-tensor argument's dtype, device, shape and strides, and the value of each plain argument (``None``,
+tensor argument's dtype, device, shape, strides and address alignment (``data_ptr() % 16``: kernels
+that read whole words check it), and the value of each plain argument (``None``,
 bool, int, float, str, ``torch.dtype``), plus state of its own that only changes together with an
 ``invalidate()`` (a compiled module built or reset); never from tensor contents. The runtime then
 remembers, per (op, signature), which implementation ``supports`` picked, so the hundreds of calls
@@ -85,7 +86,7 @@ def _signature(op_name: str, args, kwargs) -> tuple | None:
     key = [op_name]
     for arg in args:
         if isinstance(arg, _Tensor):
-            key.append((arg.dtype, arg.device, arg.shape, arg.stride()))
+            key.append((arg.dtype, arg.device, arg.shape, arg.stride(), arg.data_ptr() % 16))
         elif isinstance(arg, _PLAIN):
             key.append((arg.__class__, arg))  # the class too: 1, 1.0 and True are equal keys
         else:
@@ -93,7 +94,7 @@ def _signature(op_name: str, args, kwargs) -> tuple | None:
     if kwargs:
         for name, arg in sorted(kwargs.items()):
             if isinstance(arg, _Tensor):
-                key.append((name, arg.dtype, arg.device, arg.shape, arg.stride()))
+                key.append((name, arg.dtype, arg.device, arg.shape, arg.stride(), arg.data_ptr() % 16))
             elif isinstance(arg, _PLAIN):
                 key.append((name, arg.__class__, arg))
             else:
