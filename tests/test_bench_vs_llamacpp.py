@@ -27,7 +27,9 @@ def bench(tmp_path, monkeypatch):
         calls.append(cmd)
         if cmd[0].endswith("llama-bench"):
             rows = [{"n_prompt": 512, "n_gen": 0, "avg_ts": 40000.5}, {"n_prompt": 0, "n_gen": 128, "avg_ts": 990.0}]
-            return subprocess.CompletedProcess(cmd, 0, "ggml_cuda_init: 1 device\n" + json.dumps(rows), "")
+            log = ("llama_model_loader: loaded meta data\nllama_perf_context_print:        load time =     271.50 ms\n"
+                   "llama_perf_context_print:        load time =     999.00 ms\n")  # -v: the log, one per test
+            return subprocess.CompletedProcess(cmd, 0, "ggml_cuda_init: 1 device\n" + json.dumps(rows), log)
         lines = [json.dumps({"pp": 128, "tg": 128, "pl": pl, "speed_tg": speed, "speed_pp": 1.0})
                  for pl, speed in ((1, 950.0), (8, 4500.0))]
         return subprocess.CompletedProcess(cmd, 0, "", "log line\n" + "\n".join(lines) + "\n")
@@ -42,7 +44,9 @@ def test_llama_cpp_outputs_are_parsed_and_the_flags_are_the_issues(bench):
     batched = module.llama_batched_bench(build, "m.gguf", (1, 8), 128, 128)
     assert single["prefill_tok_s"] == 40000.5 and single["decode_b1_tok_s"] == 990.0
     assert batched["decode_tok_s"] == {1: 950.0, 8: 4500.0}
-    assert calls[0][1:] == ["-m", "m.gguf", "-fa", "1", "-p", "512", "-n", "128", "-ngl", "99", "-o", "json"]
+    assert calls[0][1:] == ["-m", "m.gguf", "-fa", "1", "-p", "512", "-n", "128", "-ngl", "99", "-o", "json", "-v"]
+    assert single["load_s"] == 0.2715                      # the first test's load time, from the -v log
+    assert "load_s" not in batched and batched["load_lines"] == []  # no such line: what mentioned loading
     flags = dict(zip(calls[1][1::2], calls[1][2::2]))
     assert flags["-npp"] == "128" and flags["-ntg"] == "128" and flags["-npl"] == "1,8" and flags["-fa"] == "on"
     assert int(flags["-c"]) >= 8 * 256  # every sequence's prompt and generation fit
