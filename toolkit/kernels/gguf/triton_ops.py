@@ -271,20 +271,25 @@ def _mmq_ok(qtype: int, cols: int) -> bool:
     return name in MMQ_DISPATCH and cols % MMQ_TYPES[name] == 0 and dp4a_enabled()
 
 
-def int8_activations(qtype: int, cols: int, tokens: int, data: torch.Tensor | None = None) -> bool:
+def _int8_kernel(data: torch.Tensor, qtype: int, cols: int, tokens: int):
+    """The int8-activation kernel ``gguf_matmul`` takes for this call (dp4a or mmq), or None."""
+    if tokens <= DP4A_MAX_TOKENS and _dp4a_ok(data, qtype, cols):
+        return dp4a_matmul
+    if MMQ_MIN_TOKENS <= tokens <= MMQ_MAX_TOKENS and _mmq_ok(qtype, cols):
+        return mmq_matmul
+    return None
+
+
+def int8_activations(qtype: int, cols: int, tokens: int, data: torch.Tensor) -> bool:
     """Whether ``gguf_matmul`` rounds these activations to int8 blocks (the dp4a or the mmq kernel)."""
-    if tokens <= DP4A_MAX_TOKENS:
-        return data is not None and _dp4a_ok(data, qtype, cols)
-    return MMQ_MIN_TOKENS <= tokens <= MMQ_MAX_TOKENS and _mmq_ok(qtype, cols)
+    return _int8_kernel(data, qtype, cols, tokens) is not None
 
 
 def gguf_matmul(x: torch.Tensor, data: torch.Tensor, qtype: int, cols: int) -> torch.Tensor:
     flat = x.reshape(-1, cols).contiguous()
     tokens = flat.shape[0]
-    if tokens <= DP4A_MAX_TOKENS and _dp4a_ok(data, qtype, cols):
-        out = dp4a_matmul(flat, data, qtype, cols)
-    elif MMQ_MIN_TOKENS <= tokens <= MMQ_MAX_TOKENS and _mmq_ok(qtype, cols):
-        out = mmq_matmul(flat, data, qtype, cols)
+    if (int8_kernel := _int8_kernel(data, qtype, cols, tokens)) is not None:
+        out = int8_kernel(flat, data, qtype, cols)
     elif tokens == 1:
         out = fused_matmul(flat, data, qtype, cols, DECODE_CONFIG_BY_TYPE.get(type_name(qtype), DECODE_CONFIG))
     elif tokens <= FUSED_MAX_TOKENS:
