@@ -15,6 +15,22 @@ import torch
 from ..layers.attention import AttentionMetadata
 
 
+def record(forward, pool, device: torch.device):
+    """Run ``forward()`` once outside capture (compiles kernels, settles the allocator), then capture
+    it into a graph on ``pool``. Returns the graph and the output tensor its replays overwrite."""
+    forward()
+    torch.cuda.synchronize(device)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, pool=pool):
+        out = forward()
+    return graph, out
+
+
+def capture_failure(exc: Exception) -> str:
+    """One line on why a capture failed: the exception's type and the first line of its message."""
+    return f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:200]}"
+
+
 def graph_batch_sizes(max_batch_size: int) -> list[int]:
     sizes = [1, 2, 4, 8] + list(range(16, max_batch_size + 1, 16))
     return sorted({size for size in sizes if size <= max_batch_size} | {max_batch_size})
@@ -60,12 +76,7 @@ class DecodeGraphs:
     def capture(self, pool) -> None:
         """Capture largest first, so the smaller graphs reuse the largest one's memory pool."""
         for size in reversed(self.batch_sizes):
-            self._forward(size)  # warm-up outside capture: compiles kernels, settles the allocator
-            torch.cuda.synchronize(self.device)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool):
-                self.logits[size] = self._forward(size)
-            self.graphs[size] = graph
+            self.graphs[size], self.logits[size] = record(lambda: self._forward(size), pool, self.device)
         torch.cuda.synchronize(self.device)
 
     def can_run(self, step) -> bool:

@@ -24,7 +24,7 @@ from ..errors import ToolkitError
 from ..layers.attention import AttentionMetadata
 from ..layers.recurrent import allocate_states, bind_states, recurrent_states
 from . import kv_cache
-from .cuda_graphs import DecodeGraphs
+from .cuda_graphs import DecodeGraphs, capture_failure
 from .prefill_graphs import PrefillGraphs
 
 
@@ -99,7 +99,6 @@ class ModelRunner:
         self.state_tensors: list[dict[str, torch.Tensor]] = []
         self.graphs: DecodeGraphs | None = None
         self.prefill_graphs: PrefillGraphs | None = None  # captured lazily, per bucket, as steps need them
-        self._prefill_noted = False
         self.graph_note: str | None = None     # why decode runs eagerly on CUDA, if it does
 
     # ---- KV cache and state pool -------------------------------------------------------------
@@ -183,7 +182,7 @@ class ModelRunner:
             graphs.capture(pool)
         except Exception as exc:  # noqa: BLE001 - whatever a kernel raised inside capture
             torch.cuda.synchronize(self.device)
-            self.graph_note = f"CUDA graph capture failed ({type(exc).__name__}: {str(exc).splitlines()[0][:200]})"
+            self.graph_note = f"CUDA graph capture failed ({capture_failure(exc)})"
             return
         self.graphs = graphs
         if os.environ.get("TOOLKIT_PREFILL_GRAPHS", "1") != "0":
@@ -215,18 +214,11 @@ class ModelRunner:
             logits = self.prefill_graphs.run(step, key)
             if logits is not None:
                 return logits
-            self._note_prefill_eager()
         input_ids, positions, attn = self.prepare(step)
         hidden = self.model(input_ids, positions, attn)
-        return self.model.compute_logits(hidden[self._logits_positions(step)])
+        return self.model.compute_logits(hidden[self.logits_positions(step)])
 
-    def _note_prefill_eager(self) -> None:
-        note = self.prefill_graphs.note
-        if note and not self._prefill_noted:
-            self._prefill_noted = True
-            warnings.warn(f"a prefill bucket runs without CUDA graphs: {note}", stacklevel=3)
-
-    def _logits_positions(self, step: StepInput) -> torch.Tensor:
+    def logits_positions(self, step: StepInput) -> torch.Tensor:
         """Flat token positions whose logits ``execute`` returns, in its order."""
         ends = list(itertools.accumulate(step.query_lens))
         rows = [ends[row] - 1 for row in step.sample_rows]

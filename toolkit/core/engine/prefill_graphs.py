@@ -13,13 +13,16 @@ Padding keeps every kernel's work within the real batch:
   point at row 0), so the LM head costs ``S`` rows, never ``T``.
 Every layer is row-independent outside attention, so the spare rows' values never reach a real
 row. A bucket whose capture fails (a kernel that synchronises with the host, say) runs eagerly
-from then on; the first failure is kept as a note.
+from then on; the first failure is kept as a note and warned about once.
 """
 from __future__ import annotations
+
+import warnings
 
 import torch
 
 from ..layers.attention import AttentionMetadata
+from .cuda_graphs import capture_failure, record
 
 MIN_TOKENS = 16
 MAX_TOKENS = 2048   # above this a step's kernels outlast their launches, so eager costs little
@@ -94,8 +97,7 @@ class PrefillGraphs:
         self.seq_lens[:count].copy_(batch["seq_lens"], non_blocking=True)
         self.seq_lens[count:seqs].fill_(0)
         self.block_tables[:count, :tables.shape[1]].copy_(tables, non_blocking=True)
-        ends = batch["query_start_loc"][1:] - 1
-        rows = ends[torch.tensor(step.sample_rows, dtype=torch.int64)]
+        rows = self.runner.logits_positions(step)  # bucket() took no step with all_logits_rows
         self.sample_index[:len(rows)].copy_(rows, non_blocking=True)
         self.sample_index[len(rows):seqs].fill_(0)
         if self.state_slots is not None:
@@ -115,18 +117,15 @@ class PrefillGraphs:
     def _capture(self, key: tuple[int, int]) -> bool:
         self._make_inert()
         try:
-            self._forward(key)  # warm-up outside capture: compiles kernels for this shape
-            torch.cuda.synchronize(self.device)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self.pool):
-                logits = self._forward(key)
+            self.graphs[key], self.logits[key] = record(lambda: self._forward(key), self.pool, self.device)
         except Exception as exc:  # noqa: BLE001 - whatever a kernel raised inside capture
             torch.cuda.synchronize(self.device)
             self.failed.add(key)
-            self.note = self.note or (f"prefill CUDA graph capture failed at {key[0]} tokens, {key[1]} sequences "
-                                      f"({type(exc).__name__}: {str(exc).splitlines()[0][:200]})")
+            if self.note is None:  # warn once: later failing buckets run eagerly without a word
+                self.note = (f"prefill CUDA graph capture failed at {key[0]} tokens, {key[1]} sequences "
+                             f"({capture_failure(exc)})")
+                warnings.warn(f"a prefill bucket runs without CUDA graphs: {self.note}", stacklevel=4)
             return False
-        self.graphs[key], self.logits[key] = graph, logits
         return True
 
     def run(self, step, key: tuple[int, int]) -> torch.Tensor | None:
