@@ -18,6 +18,8 @@ from __future__ import annotations
 import argparse
 import concurrent.futures as futures
 import multiprocessing
+import os
+import re
 
 import torch
 
@@ -39,9 +41,11 @@ DP4A_COMPARE = {"decode": [(1, 2, 1024, 1, 2)], "small": [(8, 1, 512, 2, 2)]}
 DP4A_SWEEP = {"decode": [(1, 1, 2048, 1, 2), (1, 1, 4096, 1, 2), (1, 1, 1024, 1, 2), (1, 2, 2048, 1, 2)],
               "small": [(8, 1, 1024, 2, 2), (8, 1, 512, 1, 2), (8, 2, 512, 4, 2), (4, 1, 1024, 1, 2), (8, 1, 256, 1, 2),
                         (8, 1, 2048, 4, 2), (16, 1, 512, 4, 2)]}
-# int8 tensor-core kernel (BN rows per program, num_warps); BM is the token count rounded up (16-64)
-MMQ_COMPARE = [(64, 4), (32, 4)]
-MMQ_SWEEP = [(128, 8), (128, 4), (64, 8), (16, 4)]
+# int8 tensor-core kernel (BN rows per program, num_warps, split-K or None for automatic, stages); BM is
+# the token count rounded up (16-64)
+MMQ_COMPARE = [(64, 4, None, 2), (32, 4, None, 2)]
+MMQ_SWEEP = [(128, 8, None, 2), (64, 4, 2, 3), (64, 4, 4, 3), (32, 2, 2, 3), (32, 4, 4, 3), (16, 1, 4, 3),
+             (16, 2, 2, 4), (32, 2, 8, 3), (64, 8, 4, 3), (128, 4, 2, 3)]
 
 
 def random_packed(name: str, rows: int, cols: int) -> torch.Tensor:
@@ -54,9 +58,21 @@ def random_packed(name: str, rows: int, cols: int) -> torch.Tensor:
     return blocks.view(rows, -1)
 
 
+# --variants: a regex on the labels (the baselines "triton", "reference", "dense_bf16" always run)
+VARIANT_FILTER = os.environ.get("BENCH_GGUF_VARIANTS", "")
+BASELINES = ("triton", "reference", "dense_bf16")
+
+
 def variants(name: str, rows: int, cols: int, tokens: int, sweep: bool, copies: int = 1) -> dict:
     """label -> zero-argument callable that computes the same ``[tokens, rows]`` product once per copy
     of the weight (``copies`` distinct random weights of the same type and shape)."""
+    out = _all_variants(name, rows, cols, tokens, sweep, copies)
+    if VARIANT_FILTER:
+        out = {label: fn for label, fn in out.items() if label in BASELINES or re.search(VARIANT_FILTER, label)}
+    return out
+
+
+def _all_variants(name: str, rows: int, cols: int, tokens: int, sweep: bool, copies: int = 1) -> dict:
     from gguf import GGMLQuantizationType
     from toolkit.kernels.gguf import reference, triton_ops
     qtype = int(GGMLQuantizationType[name])
@@ -86,10 +102,10 @@ def variants(name: str, rows: int, cols: int, tokens: int, sweep: bool, copies: 
                         else triton_ops.SMALL_BATCH_CONFIG)
         out["float_kernel"] = each(lambda data, dense: triton_ops.fused_matmul(x, data, qtype, cols, float_config))
     if regime in ("small", "batch") and name in triton_ops.MMQ_TYPES:  # the int8 tensor-core kernel's tile shapes
-        for bn, warps in MMQ_COMPARE + (MMQ_SWEEP if sweep else []):
-            out[f"mmq_n{bn}w{warps}"] = each(
-                lambda data, dense, bn=bn, warps=warps: triton_ops.mmq_matmul(x, data, qtype, cols, bn=bn,
-                                                                                num_warps=warps))
+        for bn, warps, split, stages in MMQ_COMPARE + (MMQ_SWEEP if sweep else []):
+            out[f"mmq_n{bn}w{warps}s{split or 'auto'}p{stages}"] = each(
+                lambda data, dense, bn=bn, warps=warps, split=split, stages=stages: triton_ops.mmq_matmul(
+                    x, data, qtype, cols, bn=bn, num_warps=warps, split=split, num_stages=stages))
     if regime != "decode":
         out["triton_dequant+mm"] = each(lambda data, dense: x @ triton_ops.gguf_dequantize(data, qtype, cols,
                                                                                            x.dtype).T)
@@ -200,7 +216,14 @@ def main(argv=None) -> None:
     parser.add_argument("--tokens", default="1,8,512")
     parser.add_argument("--sweep", action="store_true", help="also time alternative launch configs")
     parser.add_argument("--no-precompile", action="store_true")
+    parser.add_argument("--variants", default="", help="regex: time only the variants whose label matches "
+                        "(besides triton, reference and dense_bf16)")
+    parser.add_argument("--no-dequant-table", action="store_true", help="skip the dequantize timing table")
     args = parser.parse_args(argv)
+    if args.variants:  # through the environment, so the precompile workers (spawned) see it too
+        os.environ["BENCH_GGUF_VARIANTS"] = args.variants
+        global VARIANT_FILTER
+        VARIANT_FILTER = args.variants
     shapes = [tuple(int(v) for v in shape.split("x")) for shape in args.shapes.split(",")]
     jobs = [(name, rows, cols, int(tokens), args.sweep) for name in args.types.split(",")
             for rows, cols in shapes for tokens in args.tokens.split(",")]
@@ -214,6 +237,8 @@ def main(argv=None) -> None:
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for job in jobs:
         report(*job[:4], measure(*job), copy_gbs=copy_gbs)
+    if args.no_dequant_table:
+        return
     print("\n| type | weight | triton dequant us | reference dequant us | reference/triton | triton GB/s read+written |")
     print("|---|---|---|---|---|---|")
     for name in args.types.split(","):

@@ -330,7 +330,9 @@ def test_mmq_within_activation_rounding(name):
             x = torch.randn(tokens, cols, device="cuda").to(torch.bfloat16)
             exact = x.double() @ weight.double().T
             bound = 3 * 2 ** -8 * (x.double().abs() @ weight.double().abs().T) + activation_rounding_bound(x, weight)
-            for bm, bn, warps, split in ((None, 64, 4, None), (16, 32, 4, 1), (32, 128, 8, 2), (64, 16, 4, 3)):
-                got = triton_ops.mmq_matmul(x, packed, qtype, cols, bm=bm, bn=bn, num_warps=warps, split=split)
+            for bm, bn, warps, split, stages in ((None, 64, 4, None, 2), (16, 32, 4, 1, 3), (32, 128, 8, 2, 2),
+                                                 (64, 16, 4, 3, 2), (16, 16, 1, 4, 4)):
+                got = triton_ops.mmq_matmul(x, packed, qtype, cols, bm=bm, bn=bn, num_warps=warps, split=split,
+                                            num_stages=stages)
                 assert got.shape == (tokens, rows) and got.dtype == torch.bfloat16
                 assert ((got.double() - exact).abs() <= bound).all(), (name, rows, cols, tokens, bm, bn, split)

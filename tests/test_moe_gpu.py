@@ -40,6 +40,7 @@ def test_dense_fused_moe_matches_reference(tokens, dtype):
 @pytest.mark.parametrize("tokens", TOKENS)
 @pytest.mark.parametrize("qtype", GGUF_TYPES, ids=lambda q: q.name)
 def test_gguf_fused_moe_matches_reference(qtype, tokens):
+    from toolkit.kernels.gguf import triton_ops  # noqa: PLC0415
     from toolkit.kernels.gguf_quant import quantize  # noqa: PLC0415
 
     experts, hidden, inter, top_k = 8, 512, 256, 4
@@ -52,7 +53,12 @@ def test_gguf_fused_moe_matches_reference(qtype, tokens):
     assert runtime.resolve("gguf_fused_moe", *args) is not runtime.reference("gguf_fused_moe")
     got = runtime.call("gguf_fused_moe", *args)
     expected = runtime.reference("gguf_fused_moe")(x.float(), *args[1:])
-    torch.testing.assert_close(got.float(), expected, atol=2e-2 * expected.abs().max().item(), rtol=0)
+    # Up to 64 routes the kernel rounds x and the gated hidden to int8 blocks of 32 (the dp4a GEMV, as
+    # llama.cpp's q8_1): under the Triton interpreter that doubled the error against the float path
+    # (Q8_0: 1.9% of max|y| against 0.9%), so those steps get twice the float path's tolerance.
+    int8 = tokens * top_k <= 64 and qtype.name in triton_ops.DP4A_STEP
+    torch.testing.assert_close(got.float(), expected, atol=(4e-2 if int8 else 2e-2) * expected.abs().max().item(),
+                               rtol=0)
 
 
 @pytest.mark.parametrize("source", ["hf", "gguf-q4_k"])

@@ -18,7 +18,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .triton_words import Q4_0, Q4_K, Q6_K, Q8_0, _u16, half_bits
+from .triton_words import Q4_0, Q4_K, Q8_0, _u16, half_bits
 
 MMQ_TYPES = {"Q4_0": 32, "Q8_0": 32, "Q4_K": 256, "Q6_K": 256}   # type -> columns of one block
 
@@ -55,15 +55,22 @@ def mmq_kernel(xq_ptr, xd_ptr, xs_ptr, w_ptr, out_ptr, tokens, rows, cols, split
     blocks = cols // 32
     acc = tl.zeros((BM, BN), dtype=tl.float32)
     if QTYPE == Q4_0 or QTYPE == Q8_0:
+        # The 2-aligned 18/34-byte blocks are read as uint16 words (byte loads would be twice the
+        # instructions). Q4_0's element i is the low nibble of byte i (i < 16) or the high nibble of
+        # byte i - 16; its weights are kept in the order (byte, nibble), so x is read in that order too.
+        if QTYPE == Q4_0:
+            x_rows = xq_ptr + m.to(tl.int64)[:, None] * cols + (c // 2 + 16 * (c % 2))[None, :]
         first = pid_k * (split_cols // 32)
         for b in range(first, first + split_cols // 32):
             block = row + b * TS
             d = half_bits(_u16(block, 0))                                       # [BN]
             if QTYPE == Q8_0:
-                w = tl.load(block[:, None] + 2 + c[None, :]).to(tl.int8, bitcast=True)      # [BN, 32]
-            else:  # element c: low nibble of byte c (c < 16), high nibble of byte c - 16
-                byte = tl.load(block[:, None] + 2 + (c % 16)[None, :])
-                w = (((byte >> (4 * (c // 16))[None, :]) & 15).to(tl.int8) - 8).to(tl.int8)
+                word = _u16(block[:, None] + 2, tl.arange(0, 16)[None, :])      # [BN, 16]
+                w = tl.interleave(word & 255, word >> 8).to(tl.uint8).to(tl.int8, bitcast=True)   # [BN, 32]
+            else:
+                word = _u16(block[:, None] + 2, tl.arange(0, 8)[None, :])       # [BN, 8]
+                byte = tl.interleave(word & 255, word >> 8)                      # [BN, 16]
+                w = (tl.reshape(tl.join(byte & 15, byte >> 4), (BN, 32)).to(tl.int8) - 8).to(tl.int8)
             x = tl.load(x_rows + b * 32, mask=m_ok[:, None], other=0)
             isum = tl.dot(x, tl.trans(w), out_dtype=tl.int32)
             xd = tl.load(xd_ptr + m * blocks + b, mask=m_ok, other=0.0)
@@ -76,7 +83,8 @@ def mmq_kernel(xq_ptr, xd_ptr, xs_ptr, w_ptr, out_ptr, tokens, rows, cols, split
                 d = half_bits(_u16(block, 0))
                 dmin = half_bits(_u16(block, 1))
                 for s in tl.static_range(8):
-                    byte = tl.load(block[:, None] + 16 + 32 * (s // 2) + c[None, :])
+                    if s % 2 == 0:  # one load of 32 bytes serves 32-blocks s (low nibbles) and s + 1 (high)
+                        byte = tl.load(block[:, None] + 16 + 32 * (s // 2) + c[None, :])
                     w = ((byte >> (4 * (s % 2))) & 15).to(tl.int8)
                     b = sb * 8 + s
                     x = tl.load(x_rows + b * 32, mask=m_ok[:, None], other=0)

@@ -7,14 +7,16 @@ Launch choices (measured by ``bench/bench_gguf_kernels.py --sweep``; see the con
 - ``T == 1`` (decode): for Q4_0, Q5_0, Q8_0, Q4_K, Q5_K, Q6_K the int8-activation dp4a GEMV
   (``triton_dp4a``; ``TOOLKIT_GGUF_DP4A=0`` turns it off); for the other types, and then, the
   float32 multiply-accumulate kernel (``BM=1``) on word-wise tiles.
-- ``T <= FUSED_MAX_TOKENS``: for Q4_K the int8 tensor-core kernel (``triton_mmq``), for the
-  other types the fused ``tl.dot`` kernel with ``BM=16``.
+- ``2 <= T <= 32``: for Q4_K, Q6_K and Q8_0 the int8 tensor-core kernel (``triton_mmq``,
+  launches in ``mmq_config``); up to ``FUSED_MAX_TOKENS`` for the other types the fused ``tl.dot``
+  kernel with ``BM=16``.
 - larger ``T`` (prefill): Triton dequantize to x's dtype, then the dense matmul (cuBLAS): 3-4x
   faster than the fused kernel at BM=128, which re-unpacks W once per token tile.
 """
 from __future__ import annotations
 
 import functools
+import math
 import os
 from dataclasses import dataclass
 
@@ -90,14 +92,40 @@ DP4A_SMALL_BATCH_CONFIG = GemvConfig(bm=8, bn=2, bk=512, num_warps=4)
 DP4A_MAX_TOKENS = 1
 
 
-# Tokens and types for which gguf_matmul takes the int8 tensor-core kernel (triton_mmq). From
-# bench/bench_gguf_kernels.py (CUDA-graph timing, H100, T = 2/8/16/32, 14336x4096, 4096x14336 and
-# 4096x4096): for Q4_K at T <= 16 it beat the float tl.dot kernel at the two large shapes (58-74 us
-# against 76, 78-87 against 98) and tied at 4096x4096; for Q4_0, Q6_K and Q8_0 the float kernel was
-# faster (their unpacking into int8 blocks costs more than the float path's), and at T = 32
-# dequantize + cuBLAS was as fast or faster. Those types stay measured options.
-MMQ_MIN_TOKENS, MMQ_MAX_TOKENS = 2, 16
-MMQ_DISPATCH = frozenset({"Q4_K"})
+@dataclass(frozen=True)
+class MmqConfig:
+    """An int8 tensor-core launch: ``BN`` rows per program, warps, pipeline stages, and how many programs
+    per SM the K split aims at (the split is the power of two, at most 8, nearest that target)."""
+    bn: int
+    num_warps: int
+    num_stages: int
+    programs_per_sm: int
+
+
+# Tokens and types for which gguf_matmul takes the int8 tensor-core kernel (triton_mmq), and its launch.
+# From bench/bench_gguf_kernels.py --sweep --variants mmq (CUDA-graph timing, H100, T = 2/8/16/32/64,
+# 14336x4096 and 4096x14336; session-4 sweep in docs/benchmarks.md):
+# - the earlier one-program-per-row-tile launch (BN=64, 4 warps, no split: 224 or 64 programs) left SMs
+#   waiting on memory; ~8 programs per SM (BN=32, 2 warps, 3 stages, K split 2 at 14336 rows, 8 at 4096)
+#   took Q4_K at T=2-16 from 60-98 us to 56-80 us and Q8_0 from 69-111 us (the float kernel) to 51-61 us;
+#   Q6_K prefers 4 warps and more programs (65-79 against 74-109 us);
+# - at T=32 (BM=32) the same holds for Q8_0 (82-84 us against dequantize + cuBLAS's 122), while Q4_K and
+#   Q6_K want BN=64, 4 warps, ~2 programs per SM (99-104 us against 112-117); at T=64 dequantize +
+#   cuBLAS wins for every type;
+# - Q4_0 stays on the float kernel: its activations are read in a permuted order, and the int8 kernel won
+#   only at T=2 (59-66 against 73-105 us) and lost by T=16.
+MMQ_MIN_TOKENS, MMQ_MAX_TOKENS = 2, 32
+MMQ_DISPATCH = frozenset({"Q4_K", "Q6_K", "Q8_0"})
+MMQ_SMALL = MmqConfig(bn=32, num_warps=2, num_stages=3, programs_per_sm=8)
+MMQ_SMALL_BY_TYPE = {"Q6_K": MmqConfig(bn=32, num_warps=4, num_stages=3, programs_per_sm=16)}
+MMQ_WIDE = MmqConfig(bn=64, num_warps=4, num_stages=3, programs_per_sm=2)      # 17-32 tokens
+MMQ_WIDE_BY_TYPE = {"Q8_0": MMQ_SMALL}
+
+
+def mmq_config(name: str, tokens: int) -> MmqConfig:
+    if tokens <= 16:
+        return MMQ_SMALL_BY_TYPE.get(name, MMQ_SMALL)
+    return MMQ_WIDE_BY_TYPE.get(name, MMQ_WIDE)
 
 
 # The Triton interpreter (TRITON_INTERPRET=1, CPU) cannot run PTX: the kernels then compute the
@@ -241,29 +269,42 @@ def _dp4a_ok(data: torch.Tensor, qtype: int, cols: int) -> bool:
             and (name not in ("Q4_K", "Q5_K") or data.stride(0) % 4 == 0))
 
 
-def mmq_matmul(x: torch.Tensor, data: torch.Tensor, qtype: int, cols: int, bm: int | None = None, bn: int = 64,
-               num_warps: int = 4, split: int | None = None) -> torch.Tensor:
+def mmq_matmul(x: torch.Tensor, data: torch.Tensor, qtype: int, cols: int, bm: int | None = None,
+               bn: int | None = None, num_warps: int | None = None, split: int | None = None,
+               num_stages: int | None = None) -> torch.Tensor:
     """``x [T, cols] @ W.T`` on int8 tensor cores (``triton_mmq``): 8-bit activations in blocks of 32;
-    ``[T, rows]`` in x's dtype. ``bm``: tokens per program (default: T rounded up, 16 to 64);
-    ``split``: K splits (None: enough programs to fill the SMs, as the float kernel)."""
+    ``[T, rows]`` in x's dtype. ``bm``: tokens per program (default: T rounded up, 16 to 64); ``bn``,
+    ``num_warps``, ``num_stages`` and ``split`` (K splits) default to ``mmq_config``'s launch."""
     tokens, rows = x.shape[0], data.shape[0]
+    name = type_name(qtype)
+    config = mmq_config(name, tokens)
+    bn, num_warps = bn or config.bn, num_warps or config.num_warps
+    num_stages = num_stages or config.num_stages
     words, scales = quantize_activations(x)
     quants = words.view(torch.int8)                                          # [T, cols], natural order
     sums = scales
-    if type_name(qtype) == "Q4_K":  # d * sum(q) per block, for the minimum term
+    if name == "Q4_K":  # d * sum(q) per block, for the minimum term
         sums = quants.view(tokens, cols // 32, 32).sum(-1, dtype=torch.int32).float() * scales
     bm = bm or max(16, min(64, triton.next_power_of_2(tokens)))
     grid_nm = (triton.cdiv(rows, bn), triton.cdiv(tokens, bm))
-    block = MMQ_TYPES[type_name(qtype)]
+    block = MMQ_TYPES[name]
     if split is None:
-        split = _split_k(grid_nm[0] * grid_nm[1], cols // block, x.device)
+        split = _mmq_split(grid_nm[0] * grid_nm[1], config.programs_per_sm, x.device)
     while (cols // block) % split:  # each split: whole blocks
         split -= 1
     out = torch.empty(split, tokens, rows, dtype=x.dtype if split == 1 else torch.float32, device=x.device)
     mmq_kernel[(*grid_nm, split)](
         quants, scales, sums, data, out, tokens, rows, cols, cols // split, data.stride(0), out.stride(1),
-        out.stride(0), QTYPE=int(qtype), TS=type_size(qtype), BM=bm, BN=bn, num_warps=num_warps)
+        out.stride(0), QTYPE=int(qtype), TS=type_size(qtype), BM=bm, BN=bn, num_warps=num_warps,
+        num_stages=num_stages)
     return out[0] if split == 1 else out.sum(0).to(x.dtype)
+
+
+def _mmq_split(tiles: int, programs_per_sm: int, device: torch.device) -> int:
+    """The power of two (1 to 8) nearest ``programs_per_sm * SMs / tiles``: enough programs in flight to
+    keep the memory system busy, without a partial-sum buffer larger than it needs."""
+    want = programs_per_sm * _num_sms(device) / max(tiles, 1)
+    return 1 if want <= 1 else min(8, 2 ** round(math.log2(want)))
 
 
 def _mmq_ok(qtype: int, cols: int) -> bool:

@@ -8,9 +8,11 @@ import torch
 import triton
 import triton.language as tl
 
+from ..gguf.triton_dp4a import Q4_K, Q5_K, Q6_K, STEP_AXES, _axes, _legacy_step, _q45k_step, _q6k_step
 from ..gguf.triton_kernels import _weights_and_x
-from ..gguf.triton_ops import WORD_GROUP, _codebook, _matmul_tile_width, _packed_ok, _tile_width, _type_args
-from ..gguf.types import type_name
+from ..gguf.triton_ops import (_HARDWARE_DP4A, DP4A_STEP, WORD_GROUP, _codebook, _matmul_tile_width, _packed_ok,
+                               _tile_width, _type_args, dp4a_enabled, quantize_activations)
+from ..gguf.types import type_name, type_size
 from ..moe_triton import route_block, run_moe, store_routes
 from . import expert_shapes
 
@@ -44,12 +46,74 @@ def gguf_moe_kernel(x_ptr, w_ptr, out_ptr, table_ptr, route_ptr, block_expert_pt
         store_routes(out_ptr, acc, routes, valid, offs_n, N, weight_ptr, MUL_WEIGHT)
 
 
+@triton.jit
+def gguf_moe_dp4a_kernel(xq_ptr, xd_ptr, w_ptr, out_ptr, expert_ptr, weight_ptr, N, row_bytes,
+                         K: tl.constexpr, TOP_K: tl.constexpr, PER_ROUTE_X: tl.constexpr, MUL_WEIGHT: tl.constexpr,
+                         QTYPE: tl.constexpr, TS: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+                         AXES: tl.constexpr, DP4A: tl.constexpr):
+    """Program (row tile, route): ``out[route, n] = W[expert(route), n] . x_hat[row(route)]`` with the
+    dp4a GEMV's step functions (``triton_dp4a``) on int8-rounded activations: ``xq [rows, K / 4]``
+    int32 words, ``xd [rows, K / 32]`` scales (``quantize_activations``). ``expert_ptr``: each
+    route's expert (the flat top-k ids); the activation row is the route's token for ``gate_up``
+    and the route itself for ``down`` (``PER_ROUTE_X``)."""
+    pid_n, route = tl.program_id(0), tl.program_id(1)
+    expert = tl.load(expert_ptr + route).to(tl.int64)
+    offs_n = pid_n * BN + tl.arange(0, BN)
+    row_off = (expert * N + tl.minimum(offs_n, N - 1).to(tl.int64)) * row_bytes
+    if PER_ROUTE_X:
+        x_row = route
+    else:
+        x_row = route // TOP_K
+    x_row = (x_row + tl.zeros((1,), dtype=tl.int32)).to(tl.int64)          # [1]: the step functions' token axis
+    xq_rows = _axes(xq_ptr + x_row * (K // 4), AXES)
+    xd_rows = _axes(xd_ptr + x_row * (K // 32), AXES)
+    acc = tl.zeros((1, BN), dtype=tl.float32)
+    for k0 in range(0, K, BK):
+        if QTYPE == Q4_K or QTYPE == Q5_K:
+            acc += _q45k_step(w_ptr, row_off, k0, xq_rows, xd_rows, QTYPE, TS, BK, DP4A)
+        elif QTYPE == Q6_K:
+            acc += _q6k_step(w_ptr, row_off, k0, xq_rows, xd_rows, TS, BK, DP4A)
+        else:
+            acc += _legacy_step(w_ptr, row_off, k0, xq_rows, xd_rows, QTYPE, TS, BK, DP4A)
+    if MUL_WEIGHT:
+        acc *= tl.load(weight_ptr + route)
+    tl.store(out_ptr + route.to(tl.int64) * N + offs_n[None, :], acc.to(out_ptr.dtype.element_ty),
+             mask=(offs_n < N)[None, :])
+
+
+# One route per program on 8-bit activations (the dense decode GEMV's launch shape: one warp, one row,
+# whole-row steps); Q6_K, whose unpacking is longer, takes two rows per program as there.
+DP4A_ROUTE = {"default": (1, 2048, 1), "Q6_K": (2, 1024, 1)}   # BN, BK, warps
+
+
+def _dp4a_route_ok(data: torch.Tensor, qtype: int, cols: int) -> bool:
+    name = type_name(qtype)
+    return (name in DP4A_STEP and cols % DP4A_STEP[name] == 0 and dp4a_enabled()
+            and (name not in ("Q4_K", "Q5_K") or data.stride(0) % 4 == 0))
+
+
+def _dp4a_routes(a, data, qtype, cols_in, rows_out, expert_ids, weights, top_k, routes, per_route):
+    """One projection of every route (``bm == 1``) with the dp4a GEMV: ``[routes, rows_out]``."""
+    name = type_name(qtype)
+    bn, bk_wanted, warps = DP4A_ROUTE.get(name, DP4A_ROUTE["default"])
+    bk = _tile_width(cols_in, max(bk_wanted, DP4A_STEP[name]))
+    words, scales = quantize_activations(a)
+    out = torch.empty(routes, rows_out, dtype=a.dtype, device=a.device)
+    gguf_moe_dp4a_kernel[(triton.cdiv(rows_out, bn), routes)](
+        words, scales, data, out, expert_ids, weights if weights is not None else out, rows_out, data.stride(0),
+        K=cols_in, TOP_K=top_k, PER_ROUTE_X=per_route, MUL_WEIGHT=weights is not None, QTYPE=int(qtype),
+        TS=type_size(qtype), BN=bn, BK=bk, AXES=STEP_AXES[int(qtype)], DP4A=_HARDWARE_DP4A, num_warps=warps)
+    return out
+
+
 DECODE = (8, 512, 4)   # BN, BK, warps for one route per program (the GEMV of gguf_matmul's decode config)
 GROUPED = (64, 128, 4)  # BN, BK, warps for 16-route blocks (gguf_matmul's small-batch config)
 
 
 def _grouped_matmul(x, a, data, qtype, cols_in, rows_out, route, block_expert, weights, bm, top_k, routes,
                     num_experts, per_route):
+    if bm == 1 and _dp4a_route_ok(data, qtype, cols_in):
+        return _dp4a_routes(a, data, qtype, cols_in, rows_out, block_expert, weights, top_k, routes, per_route)
     bn, bk_wanted, warps = DECODE if bm == 1 else GROUPED
     if type_name(qtype) == "Q6_K" and bm == 1:
         warps = 8
