@@ -78,7 +78,8 @@ def _close(got: torch.Tensor, expected: torch.Tensor, dtype: torch.dtype) -> Non
     """Within the output dtype's rounding (the kernel returns x's dtype; float32 inside)."""
     assert got.dtype == dtype and got.shape == expected.shape
     scale = expected.abs().max().item()
-    torch.testing.assert_close(got.float(), expected, rtol=0, atol=scale * (2 ** -7 if dtype == torch.bfloat16 else 2 ** -9))
+    eps = 2 ** -7 if dtype == torch.bfloat16 else 2 ** -9
+    torch.testing.assert_close(got.float(), expected, rtol=0, atol=scale * eps)
 
 
 # (tokens, activation dtype, config): the float32 multiply-accumulate path at one token, the tl.dot

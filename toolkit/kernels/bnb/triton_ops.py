@@ -11,10 +11,14 @@ kernels' measured ones came out (``kernels/gguf/triton_ops.py``): decode takes m
 (8 rows each) with wide K steps (512 columns: 256 bytes of 4-bit or 512 of int8 per row in flight);
 2..16 tokens take ``tl.dot`` tiles of 16 tokens x 64 rows x 128 columns; K is split while there are
 fewer programs than SMs. ``bench/bench_bnb_kernels.py --sweep`` times alternatives on a GPU.
+
+``TOOLKIT_BNB_TRITON=0`` makes both decline (bitsandbytes runs everything; call
+``runtime.invalidate()`` after changing it in a running process, as the runtime caches choices).
 """
 from __future__ import annotations
 
 import functools
+import os
 from dataclasses import dataclass
 
 import torch
@@ -40,6 +44,10 @@ SMALL_BATCH_CONFIG = MatmulConfig(bm=16, bn=64, bk=128)
 # two more launches; the GGUF kernels measured every split past that as slower).
 PROGRAMS_PER_SM = 1
 FOUR_BIT_TYPES = ("nf4", "fp4")
+
+
+def enabled() -> bool:
+    return os.environ.get("TOOLKIT_BNB_TRITON", "1") != "0"
 
 
 def default_config(tokens: int) -> MatmulConfig:
@@ -125,8 +133,11 @@ def _fourbit_state_ok(state, device: torch.device) -> bool:
             and inner.code.dtype == torch.float32 and inner.code.numel() == 256 and inner.code.device == device)
 
 
-def _tokens(x: torch.Tensor) -> int:
-    return x.numel() // x.shape[-1] if x.dim() and x.shape[-1] else 0
+def _activations_ok(x: torch.Tensor) -> bool:
+    """CUDA fp16/bf16 activations of 1..SMALL_BATCH_MAX_TOKENS tokens, with the kernels switched on."""
+    tokens = x.numel() // x.shape[-1] if x.dim() and x.shape[-1] else 0
+    return (enabled() and x.is_cuda and x.dtype in (torch.float16, torch.bfloat16)
+            and 1 <= tokens <= SMALL_BATCH_MAX_TOKENS)
 
 
 def bnb_4bit_matmul(x: torch.Tensor, packed: torch.Tensor, quant_state, bias: torch.Tensor | None = None):
@@ -137,7 +148,7 @@ def bnb_4bit_matmul(x: torch.Tensor, packed: torch.Tensor, quant_state, bias: to
 
 
 def _fourbit_supports(x, packed, quant_state, bias=None) -> bool:
-    if not (x.is_cuda and x.dtype in (torch.float16, torch.bfloat16) and 1 <= _tokens(x) <= SMALL_BATCH_MAX_TOKENS):
+    if not _activations_ok(x):
         return False
     if not _fourbit_state_ok(quant_state, x.device) or int(quant_state.shape[1]) != x.shape[-1]:
         return False
@@ -171,7 +182,7 @@ def bnb_int8_matmul(x: torch.Tensor, data: torch.Tensor, scb: torch.Tensor, thre
 
 
 def _int8_supports(x, data, scb, threshold, bias=None) -> bool:
-    if not (x.is_cuda and x.dtype in (torch.float16, torch.bfloat16) and 1 <= _tokens(x) <= SMALL_BATCH_MAX_TOKENS):
+    if not _activations_ok(x):
         return False
     return (data.device == x.device and data.dtype == torch.int8 and data.dim() == 2
             and data.shape[1] == x.shape[-1] and data.stride(1) == 1 and data.stride(0) % 4 == 0
