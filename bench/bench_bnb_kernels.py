@@ -9,7 +9,7 @@ Shapes are ``rows x cols`` of the weight (``out x in``). Timing as bench_gguf_ke
 each variant runs over enough distinct weights (>= 256 MB of dense bf16, beyond L2) inside one CUDA
 graph; the median of 20 replays per weight, best of 2 interleaved passes. Variants bitsandbytes
 cannot capture (LLM.int8 with a threshold) are timed launch by launch with ``do_bench`` instead.
-Config labels: ``bm/bn/bk/warps/split`` (split ``a``: automatic).
+Config labels: ``bm/bn/bk/warps/split[/fma]`` (split ``a``: automatic; fma: no ``tl.dot``).
 """
 from __future__ import annotations
 
@@ -20,12 +20,15 @@ import torch
 from bench_gguf_kernels import copies_for, copy_bandwidth, graph_us
 
 KINDS = {"nf4": ("nf4", False), "nf4-dq": ("nf4", True), "fp4": ("fp4", False), "int8": None}
-# (BM, BN, BK, num_warps, split or None for automatic), by regime; --sweep adds SWEEP's.
-COMPARE = {"decode": [], "small": []}
+# (BM, BN, BK, num_warps, split or None for automatic, tl.dot), by regime; --sweep adds SWEEP's.
+# BM < 16 needs tl.dot off (float32 multiply-accumulate per token); "small" ones run at T = 2..16.
+COMPARE = {"decode": [], "small": [(8, 4, 256, 4, None, False)]}
 SWEEP = {"decode": [(1, 4, 512, 4, None), (1, 16, 512, 4, None), (1, 8, 1024, 4, None), (1, 8, 256, 4, None),
                     (1, 8, 512, 8, None), (1, 4, 1024, 2, None), (1, 8, 512, 4, 1), (1, 2, 1024, 1, None)],
          "small": [(16, 32, 128, 4, None), (16, 16, 256, 4, None), (16, 64, 64, 4, None), (16, 32, 256, 4, None),
-                   (16, 64, 128, 8, None), (16, 64, 128, 4, 1), (16, 16, 512, 4, None)]}
+                   (16, 64, 128, 8, None), (16, 64, 128, 4, 1), (16, 16, 512, 4, None),
+                   (8, 2, 512, 4, None, False), (8, 8, 128, 4, None, False), (16, 4, 128, 4, None, False),
+                   (8, 4, 256, 8, None, False)]}
 
 
 def weights(kind: str, rows: int, cols: int, copies: int):
@@ -60,9 +63,11 @@ def variants(kind: str, rows: int, cols: int, tokens: int, sweep: bool, copies: 
     else:
         out["bnb"] = lambda: [bnb_path.bnb_4bit_matmul(x, *args) for args, _ in made]
     regime = "decode" if tokens == 1 else "small"
-    for bm, bn, bk, warps, split in COMPARE[regime] + (SWEEP[regime] if sweep else []):
-        config = triton_ops.MatmulConfig(bm, bn, bk, warps)
-        label = f"{bm}/{bn}/{bk}/{warps}/{split or 'a'}"
+    for bm, bn, bk, warps, split, *dot in COMPARE[regime] + (SWEEP[regime] if sweep else []):
+        if bm < tokens:
+            continue
+        config = triton_ops.MatmulConfig(bm, bn, bk, warps, dot=dot[0] if dot else True)
+        label = f"{bm}/{bn}/{bk}/{warps}/{split or 'a'}{'' if config.dot else '/fma'}"
         out[label] = lambda config=config, split=split: [fused(x, *args, config, split) for args, _ in made]
     return out
 

@@ -83,8 +83,9 @@ def _close(got: torch.Tensor, expected: torch.Tensor, dtype: torch.dtype) -> Non
 
 
 # (tokens, activation dtype, config): the float32 multiply-accumulate path at one token, the tl.dot
-# path (16-token tiles) at three. BN=16 over 24 rows leaves a partial last row tile.
-PATHS = {"decode": (1, torch.bfloat16, (1, 16, 128)), "small-batch": (3, torch.float16, (16, 16, 64))}
+# path (16-token tiles) at three, and the per-token multiply-accumulate (no tl.dot) at three. BN=16 over 24 rows leaves a partial last row tile.
+PATHS = {"decode": (1, torch.bfloat16, (1, 16, 128)), "small-batch": (3, torch.float16, (16, 16, 64)),
+         "few-tokens-fma": (3, torch.bfloat16, (4, 16, 64, 4, 2, False))}
 
 
 @here

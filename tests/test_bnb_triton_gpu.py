@@ -14,6 +14,7 @@ bnb_functional = pytest.importorskip("bitsandbytes.functional")
 ops = pytest.importorskip("toolkit.kernels.bnb.triton_ops")
 ROWS, COLS = 320, 1024  # 320 rows: a partial last row tile at BN=64
 TOKENS = (1, 2, 8, 16)
+FMA_CONFIG = ops.MatmulConfig(8, 4, 256, dot=False)
 
 
 def _close(got: torch.Tensor, expected: torch.Tensor) -> None:
@@ -35,6 +36,8 @@ def test_4bit_kernel_matches_bitsandbytes(quant_type, nested, dtype):
         args = (x, packed.view(-1), state, None)
         assert runtime.resolve("bnb_4bit_matmul", *args) is ops.bnb_4bit_matmul
         _close(runtime.call("bnb_4bit_matmul", *args), x.float() @ dense.T)
+        if tokens <= 8:  # the multiply-accumulate alternative (bench sweep) compiles and agrees
+            _close(ops.fourbit_matmul(x, packed.view(-1), state, FMA_CONFIG), x.float() @ dense.T)
 
 
 def test_4bit_dispatch_leaves_larger_batches_and_float32_to_bitsandbytes():
@@ -57,6 +60,8 @@ def test_int8_kernel_matches_bitsandbytes(dtype):
             args = (x, data, scb, threshold, None)
             assert runtime.resolve("bnb_int8_matmul", *args) is ops.bnb_int8_matmul
             _close(runtime.call("bnb_int8_matmul", *args), x.float() @ dense.T)
+        if tokens <= 8:
+            _close(ops.int8_matmul(x, data, scb, FMA_CONFIG), x.float() @ dense.T)
     big = torch.randn(17, COLS, device="cuda", dtype=dtype)
     assert runtime.resolve("bnb_int8_matmul", big, data, scb, 6.0, None) is not ops.bnb_int8_matmul
 

@@ -16,8 +16,10 @@ activations of the same columns are loaded in natural order and permuted to the 
 dot product does not depend on the order of its terms (the style of ``kernels/gguf/triton_words``).
 
 - ``BM == 1`` (decode): float32 multiply-accumulate, one reduction at the end; W stays float32.
-- ``BM >= 16`` (2..16 tokens): W's tile is cast to x's dtype (for 4-bit that is bitsandbytes'
-  own rounding of the dequantized weight) and fed to ``tl.dot`` with float32 accumulation.
+- ``BM >= 16`` with ``DOT`` (2..16 tokens): W's tile is cast to x's dtype (for 4-bit that is
+  bitsandbytes' own rounding of the dequantized weight) and fed to ``tl.dot``, float32 accumulation.
+- ``BM > 1`` without ``DOT``: float32 multiply-accumulate of every token against the float32 tile,
+  reduced per K step (an alternative for a few tokens, timed by the bench's sweep).
 
 A third grid axis splits K (``K_SPLIT`` columns per program) so a small projection still fills the
 GPU; partial sums go to a float32 ``[SPLIT, T, N]`` buffer the caller reduces (deterministic).
@@ -44,6 +46,13 @@ def _join4(v0, v1, v2, v3):
 def _store(out_ptr, acc, offs_m, offs_n, T, N, pid_k):
     out = out_ptr + pid_k.to(tl.int64) * T * N + offs_m[:, None] * N + offs_n[None, :]
     tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=(offs_m[:, None] < T) & (offs_n[None, :] < N))
+
+
+@triton.jit
+def _fma_tokens(w, x, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+    """``[BM, BN]`` partial sums of a few tokens in float32 FMAs (no tensor cores): each unpacked
+    weight serves BM tokens, so for T <= 8 or so the unpacking, not the arithmetic, should bound it."""
+    return tl.sum(tl.reshape(w[None] * x.to(tl.float32)[:, None], (BM, BN, BK)), axis=2)
 
 
 @triton.jit
@@ -74,7 +83,7 @@ def _nibble_tile(w_words, absmax_ptr, code_ptr, code2_ptr, absmax2_ptr, offset_p
 def nf4_matmul_kernel(x_ptr, w_ptr, absmax_ptr, code_ptr, code2_ptr, absmax2_ptr, offset_ptr, out_ptr,
                       T, N, K, K_SPLIT, stride_x,
                       BS: tl.constexpr, GW: tl.constexpr, NB2: tl.constexpr, NESTED: tl.constexpr,
-                      BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+                      BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, DOT: tl.constexpr):
     pid_n, pid_m, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     offs_n = pid_n * BN + tl.arange(0, BN)
     rows = tl.minimum(offs_n, N - 1).to(tl.int64)                  # tail rows re-read the last one, never stored
@@ -97,8 +106,10 @@ def nf4_matmul_kernel(x_ptr, w_ptr, absmax_ptr, code_ptr, code2_ptr, absmax2_ptr
         x = tl.permute(tl.reshape(x, (BM, G, WPG, 2, 2, 2)), (0, 1, 2, 5, 4, 3))   # [m, g, w, h, b0, b1]
         if BM == 1:
             acc_wide += w * x.to(tl.float32)
-        else:
+        elif DOT:
             acc = tl.dot(tl.reshape(x, (BM, BK)), tl.trans(tl.reshape(w.to(x.dtype), (BN, BK))), acc)
+        else:
+            acc += _fma_tokens(w, x, BM, BN, BK)
     if BM == 1:
         acc = tl.sum(tl.reshape(acc_wide, (BN, BK)), axis=1)[None, :]
     _store(out_ptr, acc, offs_m, offs_n, T, N, pid_k)
@@ -106,7 +117,7 @@ def nf4_matmul_kernel(x_ptr, w_ptr, absmax_ptr, code_ptr, code2_ptr, absmax2_ptr
 
 @triton.jit
 def int8_matmul_kernel(x_ptr, w_ptr, scb_ptr, out_ptr, T, N, K, K_SPLIT, stride_x, stride_w,
-                       BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+                       BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, DOT: tl.constexpr):
     """``stride_w``: bytes between rows (a multiple of 4)."""
     pid_n, pid_m, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     offs_n = pid_n * BN + tl.arange(0, BN)
@@ -131,8 +142,10 @@ def int8_matmul_kernel(x_ptr, w_ptr, scb_ptr, out_ptr, T, N, K, K_SPLIT, stride_
         x = tl.permute(tl.reshape(x, (BM, WPS, 2, 2)), (0, 1, 3, 2))                       # [m, w, b0, b1]
         if BM == 1:
             acc_wide += w * x.to(tl.float32)
-        else:  # int8 values are exact in fp16 and bf16
+        elif DOT:  # int8 values are exact in fp16 and bf16
             acc = tl.dot(tl.reshape(x, (BM, BK)), tl.trans(tl.reshape(w.to(x.dtype), (BN, BK))), acc)
+        else:
+            acc += _fma_tokens(w, x, BM, BN, BK)
     if BM == 1:
         acc = tl.sum(tl.reshape(acc_wide, (BN, BK)), axis=1)[None, :]
     scale = tl.load(scb_ptr + rows) * (1.0 / 127.0)

@@ -30,12 +30,14 @@ from .triton_kernels import int8_matmul_kernel, nf4_matmul_kernel
 
 @dataclass(frozen=True)
 class MatmulConfig:
-    """One launch shape: ``bm`` tokens x ``bn`` rows per program, ``bk`` columns per K step."""
+    """One launch shape: ``bm`` tokens x ``bn`` rows per program, ``bk`` columns per K step; ``dot``:
+    ``tl.dot`` for ``bm > 1`` (else float32 multiply-accumulate per token; ``bm`` >= 16 with it)."""
     bm: int
     bn: int
     bk: int
     num_warps: int = 4
     num_stages: int = 2
+    dot: bool = True
 
 
 DECODE_CONFIG = MatmulConfig(bm=1, bn=8, bk=512)
@@ -85,7 +87,7 @@ def _launch(kernel, x: torch.Tensor, rows: int, cols: int, bk: int, config: Matm
     out = torch.empty(split, tokens, rows, dtype=x.dtype if split == 1 else torch.float32, device=x.device)
     kernel[(*grid_nm, split)](x, *args, out, tokens, rows, cols, cols // split, *strides,
                               BM=config.bm, BN=config.bn, BK=bk, num_warps=config.num_warps,
-                              num_stages=config.num_stages, **constants)
+                              num_stages=config.num_stages, DOT=config.dot and config.bm > 1, **constants)
     return out[0] if split == 1 else out.sum(0).to(x.dtype)
 
 
