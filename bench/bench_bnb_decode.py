@@ -4,20 +4,24 @@ A random Llama of TinyLlama 1.1B's shape (``make_gguf_models.write_checkpoint``)
 dense bf16 and quantized on the fly by each scheme; ``toolkit``'s engine benchmark runs each at
 batch 1 and 8 (128 prompt + 128 new tokens). Reported: TPOT p50 and its ratio to dense (the
 issue's target is <= 1.3x), and whether the engine replayed CUDA graphs or fell back to eager.
+Decode-sized bnb matmuls run the Triton kernels of ``toolkit.kernels.bnb``; ``--bitsandbytes``
+turns them off (``TOOLKIT_BNB_TRITON=0``), so bitsandbytes' own path can be timed in the same run.
 
     python bench/bench_bnb_decode.py --out /tmp/bnb
+    python bench/bench_bnb_decode.py --out /tmp/bnb --bitsandbytes    # also bitsandbytes' path
 """
 from __future__ import annotations
 
 import argparse
 import gc
 import json
+import os
 import warnings
 from pathlib import Path
 
 import torch
 
-SCHEMES = (None, "bnb-nf4", "bnb-int8:threshold=0", "bnb-int8")
+SCHEMES = (None, "bnb-nf4", "bnb-nf4:double_quant=true", "bnb-int8:threshold=0", "bnb-int8")
 
 
 def main() -> None:
@@ -25,9 +29,12 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--size", default="1.1B")
     parser.add_argument("--batch-sizes", default="1,8")
+    parser.add_argument("--bitsandbytes", action="store_true",
+                        help="also run each bnb scheme with the Triton kernels off (bitsandbytes' own matmuls)")
     args = parser.parse_args()
 
     import toolkit  # noqa: PLC0415
+    from toolkit.kernels import runtime  # noqa: PLC0415
     from toolkit.core.engine import benchmark  # noqa: PLC0415
 
     from make_gguf_models import write_checkpoint  # noqa: PLC0415
@@ -37,7 +44,12 @@ def main() -> None:
         write_checkpoint(path, args.size)
     sizes = [int(s) for s in args.batch_sizes.split(",")]
     rows = []
-    for scheme in SCHEMES:
+    runs = [(scheme, True) for scheme in SCHEMES]
+    if args.bitsandbytes:
+        runs += [(scheme, False) for scheme in SCHEMES if scheme]
+    for scheme, triton_on in runs:
+        os.environ["TOOLKIT_BNB_TRITON"] = "1" if triton_on else "0"
+        runtime.invalidate()
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             llm = toolkit.LLM(str(path), quant=scheme, dtype="bf16", device="cuda", max_num_seqs=max(sizes),
@@ -45,7 +57,8 @@ def main() -> None:
         runner = llm.executor.runner
         result = benchmark.run(llm, sizes, 128, 128)
         for row in result:
-            rows.append({"scheme": scheme or "dense bf16", "batch": row["batch_size"], "tpot_ms": row["tpot_p50_ms"],
+            label = (scheme or "dense bf16") + ("" if triton_on or not scheme else " (bitsandbytes)")
+            rows.append({"scheme": label, "batch": row["batch_size"], "tpot_ms": row["tpot_p50_ms"],
                          "graphs": runner.graphs is not None, "note": runner.graph_note})
             print(json.dumps(rows[-1]), flush=True)
         del caught

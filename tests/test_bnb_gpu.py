@@ -56,25 +56,40 @@ def test_prequantized_and_round_trip_on_cuda(dense, tmp_path, kind):
     torch.testing.assert_close(again, reference, rtol=0, atol=ATOL)
 
 
-@pytest.mark.parametrize("spec,graphs", [("bnb-int8", False), ("bnb-int8:threshold=0", True),
-                                         ("bnb-nf4", True)])
-def test_engine_decodes_bnb_on_cuda_with_graphs_or_an_eager_note(dense, spec, graphs):
-    """LLM.int8 with outlier columns cannot be captured (bitsandbytes finds them on the host): the
-    engine must decode eagerly with a note instead of dying in capture; the other schemes replay
-    graphs. Either way the tokens equal an engine forced to run eagerly."""
+@pytest.mark.parametrize("spec", ["bnb-int8", "bnb-int8:threshold=0", "bnb-nf4", "bnb-nf4:double_quant=true",
+                                  "bnb-fp4"])
+def test_engine_decodes_bnb_on_cuda_in_graphs_with_the_eager_tokens(dense, spec):
+    """Every scheme's decode is captured in CUDA graphs (the Triton kernels of toolkit.kernels.bnb
+    for up to 16 tokens; LLM.int8 with outliers included, since those kernels never search for
+    outliers on the host) and gives the tokens of an engine forced to run eagerly."""
     path, _ = dense
     params = toolkit.SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
-    prompts = [PROMPT, PROMPT[:3]]
+    prompts = [PROMPT, PROMPT[:3], PROMPT[:2]]
     loaded = toolkit.load(path, quant=spec, dtype="bf16", device="cuda")
-    if graphs:
-        llm = toolkit.LLM(loaded, max_num_seqs=4, kv_cache_memory="64MiB")
-    else:
-        with pytest.warns(UserWarning, match="without CUDA graphs"):
-            llm = toolkit.LLM(loaded, max_num_seqs=4, kv_cache_memory="64MiB")
+    llm = toolkit.LLM(loaded, max_num_seqs=4, kv_cache_memory="64MiB")
     runner = llm.executor.runner
-    assert (runner.graphs is not None) == graphs and (runner.graph_note is None) == graphs
+    assert runner.graphs is not None and runner.graph_note is None
     got = [out.token_ids for out in llm.generate(prompts, params)]
     llm.close()
     eager = toolkit.LLM(loaded, max_num_seqs=4, kv_cache_memory="64MiB", enforce_eager=True)
+    assert got == [out.token_ids for out in eager.generate(prompts, params)]
+    eager.close()
+
+
+def test_int8_with_outliers_captures_graphs_only_up_to_the_kernels_batch(dense):
+    """Decode batches of more than 16 sequences would run bitsandbytes' LLM.int8 (host sync): the
+    engine captures graphs for 1..16 sequences only and runs larger steps eagerly, with the same
+    tokens as an eager engine."""
+    path, _ = dense
+    params = toolkit.SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
+    prompts = [PROMPT[:2 + i % 5] for i in range(18)]
+    loaded = toolkit.load(path, quant="bnb-int8", dtype="bf16", device="cuda")
+    llm = toolkit.LLM(loaded, max_num_seqs=20, kv_cache_memory="64MiB")
+    runner = llm.executor.runner
+    assert runner.graphs is not None and runner.graphs.batch_sizes[-1] == 16
+    assert runner.prefill_graphs is None or runner.prefill_graphs.max_tokens <= 16
+    got = [out.token_ids for out in llm.generate(prompts, params)]
+    llm.close()
+    eager = toolkit.LLM(loaded, max_num_seqs=20, kv_cache_memory="64MiB", enforce_eager=True)
     assert got == [out.token_ids for out in eager.generate(prompts, params)]
     eager.close()

@@ -25,6 +25,7 @@ from ..layers.attention import AttentionMetadata
 from ..layers.recurrent import allocate_states, bind_states, recurrent_states
 from . import kv_cache
 from .cuda_graphs import DecodeGraphs, capture_failure
+from .prefill_graphs import MIN_TOKENS as PREFILL_MIN_TOKENS
 from .prefill_graphs import PrefillGraphs
 
 
@@ -77,6 +78,17 @@ def graph_blockers(model: torch.nn.Module) -> str | None:
         if note and note not in notes:
             notes.append(note)
     return "; ".join(notes) or None
+
+
+def graph_token_limit(model: torch.nn.Module) -> int | None:
+    """The most tokens per step any layer's scheme can run inside a CUDA graph, or None (no limit).
+
+    A scheme whose small-batch kernels are capturable but whose larger-batch path synchronises
+    with the host says so with a ``cuda_graph_max_tokens`` attribute (an int, or None); decode
+    steps with more sequences, and prefill steps with more tokens, then run eagerly."""
+    limits = [limit for module in model.modules()
+              if (limit := getattr(getattr(module, "scheme", None), "cuda_graph_max_tokens", None)) is not None]
+    return min(limits) if limits else None
 
 
 class CacheBudgetError(ToolkitError, ValueError):
@@ -176,7 +188,8 @@ class ModelRunner:
     def _capture(self) -> None:
         """Capture the decode graphs; a capture that fails (a kernel that syncs with the host, say)
         leaves the engine eager with a note, never broken."""
-        graphs = DecodeGraphs(self, max_batch_size=self.config.max_num_seqs)
+        limit = graph_token_limit(self.model)
+        graphs = DecodeGraphs(self, max_batch_size=min(self.config.max_num_seqs, limit or self.config.max_num_seqs))
         pool = torch.cuda.graph_pool_handle()  # one pool for every graph: only one replays at a time
         try:
             graphs.capture(pool)
@@ -185,8 +198,11 @@ class ModelRunner:
             self.graph_note = f"CUDA graph capture failed ({capture_failure(exc)})"
             return
         self.graphs = graphs
-        if os.environ.get("TOOLKIT_PREFILL_GRAPHS", "1") != "0":
-            self.prefill_graphs = PrefillGraphs(self, pool, self.config.max_num_batched_tokens)
+        if os.environ.get("TOOLKIT_PREFILL_GRAPHS", "1") != "0" and (limit is None or limit >= PREFILL_MIN_TOKENS):
+            max_tokens = self.config.max_num_batched_tokens
+            if limit is not None:  # buckets are PREFILL_MIN_TOKENS times powers of two: the largest within it
+                max_tokens = min(max_tokens, PREFILL_MIN_TOKENS << (limit // PREFILL_MIN_TOKENS).bit_length() - 1)
+            self.prefill_graphs = PrefillGraphs(self, pool, max_tokens)
 
     @property
     def null_slot(self) -> int:

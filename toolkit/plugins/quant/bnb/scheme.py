@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from toolkit.kernels import runtime
+from toolkit.kernels.bnb import SMALL_BATCH_MAX_TOKENS
 
 from . import experts
 from .dense import DenseScheme
@@ -120,11 +121,19 @@ class Bnb8bitScheme(_BnbScheme):
     @property
     def cuda_graph_blocker(self) -> str | None:
         """LLM.int8 with a threshold picks the outlier columns of each batch on the host
-        (bitsandbytes' ``outliers.any()``), which no CUDA graph can capture."""
-        if self.options.threshold > 0:
+        (bitsandbytes' ``outliers.any()``), which no CUDA graph can capture. Where a CUDA kernel
+        of ``bnb_int8_matmul`` is registered (``toolkit.kernels.bnb``: weight-only int8, no outlier
+        search), steps of up to ``cuda_graph_max_tokens`` tokens run that instead and are captured."""
+        if self.options.threshold > 0 and not _has_cuda_kernel("bnb_int8_matmul"):
             return (f"bitsandbytes int8 with outlier threshold {self.options.threshold:g} finds outlier columns "
                     "on the host at every matmul (use bnb-int8:threshold=0 for CUDA graphs)")
         return None
+
+    @property
+    def cuda_graph_max_tokens(self) -> int | None:
+        """With an outlier threshold, only steps the small-batch kernel takes are capturable: decode
+        batches of more sequences (and longer prefills) run bitsandbytes' LLM.int8 eagerly."""
+        return SMALL_BATCH_MAX_TOKENS if self.options.threshold > 0 else None
 
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         weight = layer.weight
@@ -158,6 +167,11 @@ def _is_skipped(prefix: str, patterns: tuple[str, ...]) -> bool:
     """transformers' rule for ``llm_int8_skip_modules``: a module-boundary prefix/regex match, or a suffix."""
     boundary = r"(?:(?<=\.)|(?=\.|$))"
     return any(re.match(rf"(?:{pattern}){boundary}", prefix) or prefix.endswith(pattern) for pattern in patterns)
+
+
+def _has_cuda_kernel(op_name: str) -> bool:
+    """Whether a CUDA implementation of ``op_name`` is registered (beyond the any-device reference)."""
+    return any(impl.device == "cuda" for impl in runtime.candidates(op_name, "cuda"))
 
 
 def _dtype_name(dtype: torch.dtype) -> str:

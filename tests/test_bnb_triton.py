@@ -1,0 +1,132 @@
+"""The bitsandbytes Triton kernels (``toolkit/kernels/bnb/triton_kernels.py``) run by Triton's
+interpreter on the CPU, against bitsandbytes' own CPU functions: ``dequantize_4bit`` and
+``int8_vectorwise_dequant``, then a float32 matmul. Tiny shapes: the interpreter runs every
+program in numpy. tests/test_bnb_triton_gpu.py checks the compiled kernels and their dispatch.
+
+Skipped where Triton is not installed and on CUDA machines. The interpreter switch is read when
+``@triton.jit`` decorates, so it must be set before Triton is first imported: where this process
+imported Triton earlier (a run of several files), one test runs this file in a fresh process.
+
+Two interpreter limits of Triton 3.6 shape these tests: it calls ``int()`` on a one-element numpy
+array for a loop bound taken from a kernel argument, which numpy >= 2.4 rejects, so ``_index_fix``
+makes that conversion take the array's single element (the interpreter only; compiled kernels never
+run this code); and its ``tl.dot`` on bfloat16 operands returns garbage, so the ``tl.dot`` path
+(2..16 tokens) is checked with float16 activations here and with bfloat16 on the GPU.
+"""
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+import torch
+
+if importlib.util.find_spec("triton") is None:
+    pytest.skip("Triton is not installed", allow_module_level=True)
+if torch.cuda.is_available():
+    pytest.skip("CUDA present: the compiled kernels are tested by test_bnb_triton_gpu.py", allow_module_level=True)
+if "triton" not in sys.modules:
+    os.environ["TRITON_INTERPRET"] = "1"
+import triton.language.standard  # noqa: E402
+from bitsandbytes.functional import (dequantize_4bit, int8_vectorwise_dequant, int8_vectorwise_quant,  # noqa: E402
+                                     quantize_4bit)
+
+INTERPRETED = type(triton.language.standard.zeros).__name__ == "InterpretedFunction"
+here = pytest.mark.skipif(not INTERPRETED, reason="Triton was imported compiled; run in a fresh process")
+
+
+def _index_fix():
+    """Let the interpreter take a loop bound from a one-element array under numpy >= 2.4 (see above)."""
+    from triton.runtime import interpreter  # noqa: PLC0415
+
+    original = interpreter._patch_lang_tensor
+    if getattr(original, "index_fixed", False):
+        return
+
+    def patched(tensor, scope):
+        original(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
+
+    patched.index_fixed = True
+    interpreter._patch_lang_tensor = patched
+
+
+if INTERPRETED:
+    _index_fix()
+    ops = importlib.import_module("toolkit.kernels.bnb.triton_ops")
+    if type(importlib.import_module("toolkit.kernels.bnb.triton_kernels").nf4_matmul_kernel).__name__ != \
+            "InterpretedFunction":
+        importlib.reload(importlib.import_module("toolkit.kernels.bnb.triton_kernels"))
+        ops = importlib.reload(ops)
+
+
+@pytest.mark.skipif(INTERPRETED, reason="this process runs the tests itself")
+def test_in_a_fresh_interpreter_process():
+    env = {**os.environ, "TRITON_INTERPRET": "1", "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__],
+                          capture_output=True, text=True, env=env, timeout=1200)
+    assert done.returncode == 0, done.stdout[-3000:]
+    summary = done.stdout.strip().splitlines()[-1]
+    assert re.fullmatch(r"\d+ passed, 1 skipped in .*", summary), done.stdout[-1000:]  # all but this one ran
+
+
+def _close(got: torch.Tensor, expected: torch.Tensor, dtype: torch.dtype) -> None:
+    """Within the output dtype's rounding (the kernel returns x's dtype; float32 inside)."""
+    assert got.dtype == dtype and got.shape == expected.shape
+    scale = expected.abs().max().item()
+    eps = 2 ** -7 if dtype == torch.bfloat16 else 2 ** -9
+    torch.testing.assert_close(got.float(), expected, rtol=0, atol=scale * eps)
+
+
+# (tokens, activation dtype, config): the float32 multiply-accumulate path at one token, the tl.dot
+# path (16-token tiles) at three, and the per-token multiply-accumulate (no tl.dot) at three. BN=16 over 24 rows leaves a partial last row tile.
+PATHS = {"decode": (1, torch.bfloat16, (1, 16, 128)), "small-batch": (3, torch.float16, (16, 16, 64)),
+         "few-tokens-fma": (3, torch.bfloat16, (4, 16, 64, 4, 2, False))}
+
+
+@here
+@pytest.mark.parametrize("path", list(PATHS))
+@pytest.mark.parametrize("quant_type,nested,blocksize", [("nf4", False, 64), ("nf4", True, 64), ("fp4", False, 64),
+                                                          ("fp4", True, 64), ("nf4", False, 32), ("nf4", True, 128)])
+def test_4bit_kernel_matches_bitsandbytes_dequantize(path, quant_type, nested, blocksize):
+    tokens, dtype, config = PATHS[path]
+    g = torch.Generator().manual_seed(blocksize + nested)
+    weight = torch.randn(24, 256, generator=g)
+    packed, state = quantize_4bit(weight, blocksize=blocksize, quant_type=quant_type, compress_statistics=nested)
+    assert state.nested == nested
+    x = torch.randn(tokens, 256, generator=g).to(dtype)
+    # bitsandbytes' dequantized weight, in x's dtype as bitsandbytes' matmul_4bit would use it
+    expected = x.float() @ dequantize_4bit(packed, state).to(dtype).float().T
+    for split in (1, 2):  # 2: float32 partial sums over halves of K, reduced by the caller
+        got = ops.fourbit_matmul(x, packed.view(-1), state, ops.MatmulConfig(*config), split=split)
+        _close(got, expected, dtype)
+
+
+@here
+def test_4bit_kernel_reads_each_segment_of_a_flat_buffer():
+    """A fused projection's segments are views into one flat byte buffer at row offsets."""
+    g = torch.Generator().manual_seed(3)
+    first, second = torch.randn(16, 128, generator=g), torch.randn(8, 128, generator=g)
+    (p1, s1), (p2, s2) = (quantize_4bit(w, blocksize=64, quant_type="nf4") for w in (first, second))
+    flat = torch.cat([p1.view(-1), p2.view(-1)])
+    x = torch.randn(1, 128, generator=g).to(torch.bfloat16)
+    got = ops.fourbit_matmul(x, flat[p1.numel():], s2, ops.MatmulConfig(1, 8, 128), split=1)
+    _close(got, x.float() @ dequantize_4bit(p2, s2).float().T, torch.bfloat16)
+
+
+@here
+@pytest.mark.parametrize("path", list(PATHS))
+def test_int8_kernel_matches_bitsandbytes_dequantize(path):
+    tokens, dtype, config = PATHS[path]
+    g = torch.Generator().manual_seed(7)
+    weight = torch.randn(24, 256, generator=g)
+    weight[:, 5] *= 40  # an outlier column: weight-only int8 computes it like every other column
+    data, scb, _ = int8_vectorwise_quant(weight.half())
+    x = torch.randn(tokens, 256, generator=g).to(dtype)
+    expected = x.float() @ int8_vectorwise_dequant(data, scb).T
+    for split in (1, 2):
+        _close(ops.int8_matmul(x, data, scb, ops.MatmulConfig(*config), split=split), expected, dtype)

@@ -1,0 +1,89 @@
+"""The bitsandbytes Triton kernels on CUDA (skipped without a GPU), against bitsandbytes' own CUDA
+``dequantize_4bit`` / ``int8_vectorwise_dequant`` followed by a float32 matmul, and their dispatch:
+the runtime picks them for 1..16 bf16/fp16 tokens and leaves the rest to bitsandbytes.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from toolkit.kernels import runtime
+
+pytestmark = pytest.mark.gpu
+bnb_functional = pytest.importorskip("bitsandbytes.functional")
+ops = pytest.importorskip("toolkit.kernels.bnb.triton_ops")
+ROWS, COLS = 320, 1024  # 320 rows: a partial last row tile at BN=64
+TOKENS = (1, 2, 8, 16)
+FMA_CONFIG = ops.MatmulConfig(8, 4, 256, dot=False)
+
+
+def _close(got: torch.Tensor, expected: torch.Tensor) -> None:
+    """Within the output dtype's rounding (float32 accumulation inside; the reference is float32)."""
+    eps = 2 ** -7 if got.dtype == torch.bfloat16 else 2 ** -9
+    torch.testing.assert_close(got.float(), expected, rtol=0, atol=expected.abs().max().item() * eps)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("quant_type,nested", [("nf4", False), ("nf4", True), ("fp4", False), ("fp4", True)])
+def test_4bit_kernel_matches_bitsandbytes(quant_type, nested, dtype):
+    g = torch.Generator(device="cuda").manual_seed(0)
+    weight = torch.randn(ROWS, COLS, device="cuda", generator=g, dtype=dtype)
+    packed, state = bnb_functional.quantize_4bit(weight, blocksize=64, quant_type=quant_type,
+                                                 compress_statistics=nested)
+    dense = bnb_functional.dequantize_4bit(packed, state).to(dtype).float()
+    for tokens in TOKENS:
+        x = torch.randn(tokens, COLS, device="cuda", generator=g, dtype=dtype)
+        args = (x, packed.view(-1), state, None)
+        assert runtime.resolve("bnb_4bit_matmul", *args) is ops.bnb_4bit_matmul
+        _close(runtime.call("bnb_4bit_matmul", *args), x.float() @ dense.T)
+        if tokens <= 8:  # the multiply-accumulate alternative (bench sweep) compiles and agrees
+            _close(ops.fourbit_matmul(x, packed.view(-1), state, FMA_CONFIG), x.float() @ dense.T)
+
+
+def test_4bit_dispatch_leaves_larger_batches_and_float32_to_bitsandbytes():
+    weight = torch.randn(ROWS, COLS, device="cuda", dtype=torch.bfloat16)
+    packed, state = bnb_functional.quantize_4bit(weight, quant_type="nf4")
+    for x in (torch.randn(17, COLS, device="cuda", dtype=torch.bfloat16), torch.randn(4, COLS, device="cuda")):
+        assert runtime.resolve("bnb_4bit_matmul", x, packed.view(-1), state, None) is not ops.bnb_4bit_matmul
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_int8_kernel_matches_bitsandbytes(dtype):
+    g = torch.Generator(device="cuda").manual_seed(1)
+    weight = torch.randn(ROWS, COLS, device="cuda", generator=g, dtype=torch.float16)
+    weight[:, 7] *= 50  # an outlier column: computed in float like every other one
+    data, scb, _ = bnb_functional.int8_vectorwise_quant(weight)
+    dense = bnb_functional.int8_vectorwise_dequant(data, scb).float()
+    for tokens in TOKENS:
+        x = torch.randn(tokens, COLS, device="cuda", generator=g, dtype=dtype)
+        for threshold in (0.0, 6.0):
+            args = (x, data, scb, threshold, None)
+            assert runtime.resolve("bnb_int8_matmul", *args) is ops.bnb_int8_matmul
+            _close(runtime.call("bnb_int8_matmul", *args), x.float() @ dense.T)
+        if tokens <= 8:
+            _close(ops.int8_matmul(x, data, scb, FMA_CONFIG), x.float() @ dense.T)
+    big = torch.randn(17, COLS, device="cuda", dtype=dtype)
+    assert runtime.resolve("bnb_int8_matmul", big, data, scb, 6.0, None) is not ops.bnb_int8_matmul
+
+
+@pytest.mark.parametrize("kind", ["nf4", "int8"])
+def test_kernels_are_captured_in_a_cuda_graph(kind):
+    """No host synchronisation: the kernels replay in a graph and give the eager result."""
+    weight = torch.randn(ROWS, COLS, device="cuda", dtype=torch.bfloat16)
+    if kind == "nf4":
+        packed, state = bnb_functional.quantize_4bit(weight, quant_type="nf4", compress_statistics=True)
+        op, args = "bnb_4bit_matmul", (packed.view(-1), state, None)
+    else:
+        data, scb, _ = bnb_functional.int8_vectorwise_quant(weight.half())
+        op, args = "bnb_int8_matmul", (data, scb, 6.0, None)
+    x = torch.randn(8, COLS, device="cuda", dtype=torch.bfloat16)
+    eager = runtime.call(op, x, *args)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = runtime.call(op, x, *args)
+    x.copy_(torch.randn_like(x))
+    eager = runtime.call(op, x, *args)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, eager)
