@@ -17,6 +17,24 @@ TOKENS = (1, 2, 8, 16)
 FMA_CONFIG = ops.MatmulConfig(8, 4, 256, dot=False)
 
 
+@pytest.fixture(autouse=True)
+def fourbit_kernel_on(monkeypatch):
+    """The 4-bit kernel is opt-in (slower than bitsandbytes on an H100): switched on for these tests."""
+    monkeypatch.setenv("TOOLKIT_BNB_TRITON_4BIT", "1")
+    runtime.invalidate()
+    yield
+    runtime.invalidate()
+
+
+def test_4bit_kernel_is_off_by_default(monkeypatch):
+    monkeypatch.delenv("TOOLKIT_BNB_TRITON_4BIT")
+    runtime.invalidate()
+    weight = torch.randn(ROWS, COLS, device="cuda", dtype=torch.bfloat16)
+    packed, state = bnb_functional.quantize_4bit(weight, quant_type="nf4")
+    x = torch.randn(1, COLS, device="cuda", dtype=torch.bfloat16)
+    assert runtime.resolve("bnb_4bit_matmul", x, packed.view(-1), state, None) is not ops.bnb_4bit_matmul
+
+
 def _close(got: torch.Tensor, expected: torch.Tensor) -> None:
     """Within the output dtype's rounding (float32 accumulation inside; the reference is float32)."""
     eps = 2 ** -7 if got.dtype == torch.bfloat16 else 2 ** -9

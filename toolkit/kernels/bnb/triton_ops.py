@@ -52,6 +52,15 @@ def enabled() -> bool:
     return os.environ.get("TOOLKIT_BNB_TRITON", "1") != "0"
 
 
+def fourbit_enabled() -> bool:
+    """The 4-bit kernel is opt-in (``TOOLKIT_BNB_TRITON_4BIT=1``): on an H100 (bench_bnb_kernels.py,
+    TinyLlama shapes, CUDA graphs) it lost to bitsandbytes' own path at every shape, 6.7-19.6 against
+    4.3-11.1 us at one token (bitsandbytes' gemv_4bit) and 14-92 against 12-44 us at eight
+    (bitsandbytes' dequantize + cuBLAS); its per-code table lookups cost more than the bytes saved.
+    It stays correct and tested, for the next attempt (a 256-entry byte table, wider loads)."""
+    return os.environ.get("TOOLKIT_BNB_TRITON_4BIT", "0") == "1"
+
+
 def default_config(tokens: int) -> MatmulConfig:
     return DECODE_CONFIG if tokens == 1 else SMALL_BATCH_CONFIG
 
@@ -150,7 +159,7 @@ def bnb_4bit_matmul(x: torch.Tensor, packed: torch.Tensor, quant_state, bias: to
 
 
 def _fourbit_supports(x, packed, quant_state, bias=None) -> bool:
-    if not _activations_ok(x):
+    if not (fourbit_enabled() and _activations_ok(x)):
         return False
     if not _fourbit_state_ok(quant_state, x.device) or int(quant_state.shape[1]) != x.shape[-1]:
         return False
