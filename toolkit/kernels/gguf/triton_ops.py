@@ -7,9 +7,9 @@ Launch choices (measured by ``bench/bench_gguf_kernels.py --sweep``; see the con
 - ``T == 1`` (decode): for Q4_0, Q5_0, Q8_0, Q4_K, Q5_K, Q6_K the int8-activation dp4a GEMV
   (``triton_dp4a``; ``TOOLKIT_GGUF_DP4A=0`` turns it off); for the other types, and then, the
   float32 multiply-accumulate kernel (``BM=1``) on word-wise tiles.
-- ``2 <= T <= 32``: for Q4_K, Q6_K and Q8_0 the int8 tensor-core kernel (``triton_mmq``,
-  launches in ``mmq_config``); up to ``FUSED_MAX_TOKENS`` for the other types the fused ``tl.dot``
-  kernel with ``BM=16``.
+- ``2 <= T <= MMQ_MAX_TOKENS[type]`` (Q4_K and Q6_K: 16, Q8_0: 32): the int8 tensor-core kernel
+  (``triton_mmq``, launches in ``mmq_config``); up to ``FUSED_MAX_TOKENS`` for the other types the
+  fused ``tl.dot`` kernel with ``BM=16``.
 - larger ``T`` (prefill): Triton dequantize to x's dtype, then the dense matmul (cuBLAS): 3-4x
   faster than the fused kernel at BM=128, which re-unpacks W once per token tile.
 """
@@ -109,13 +109,15 @@ class MmqConfig:
 #   waiting on memory; ~8 programs per SM (BN=32, 2 warps, 3 stages, K split 2 at 14336 rows, 8 at 4096)
 #   took Q4_K at T=2-16 from 60-98 us to 56-80 us and Q8_0 from 69-111 us (the float kernel) to 51-61 us;
 #   Q6_K prefers 4 warps and more programs (65-79 against 74-109 us);
-# - at T=32 (BM=32) the same holds for Q8_0 (82-84 us against dequantize + cuBLAS's 122), while Q4_K and
-#   Q6_K want BN=64, 4 warps, ~2 programs per SM (99-104 us against 112-117); at T=64 dequantize +
+# - at T=32 (BM=32) the same holds for Q8_0 (82-84 us against dequantize + cuBLAS's 122); Q4_K and Q6_K
+#   at BN=64, 4 warps, ~2 programs per SM were only 99-104 us against 112-117 at these shapes, and in the
+#   engine (side by side with llama.cpp, H100) batch 32 of the 1.5B Q4_K_M file fell from 7,382 to 5,729
+#   tok/s with them (8B: 2,063 -> 2,121), so Q4_K and Q6_K stop at 16 tokens; at T=64 dequantize +
 #   cuBLAS wins for every type;
 # - Q4_0 stays on the float kernel: its activations are read in a permuted order, and the int8 kernel won
 #   only at T=2 (59-66 against 73-105 us) and lost by T=16.
-MMQ_MIN_TOKENS, MMQ_MAX_TOKENS = 2, 32
-MMQ_DISPATCH = frozenset({"Q4_K", "Q6_K", "Q8_0"})
+MMQ_MIN_TOKENS = 2
+MMQ_MAX_TOKENS = {"Q4_K": 16, "Q6_K": 16, "Q8_0": 32}     # the types gguf_matmul sends to it, up to T
 MMQ_SMALL = MmqConfig(bn=32, num_warps=2, num_stages=3, programs_per_sm=8)
 MMQ_SMALL_BY_TYPE = {"Q6_K": MmqConfig(bn=32, num_warps=4, num_stages=3, programs_per_sm=16)}
 MMQ_WIDE = MmqConfig(bn=64, num_warps=4, num_stages=3, programs_per_sm=2)      # 17-32 tokens
@@ -307,16 +309,17 @@ def _mmq_split(tiles: int, programs_per_sm: int, device: torch.device) -> int:
     return 1 if want <= 1 else min(8, 2 ** round(math.log2(want)))
 
 
-def _mmq_ok(qtype: int, cols: int) -> bool:
+def _mmq_ok(qtype: int, cols: int, tokens: int) -> bool:
     name = type_name(qtype)
-    return name in MMQ_DISPATCH and cols % MMQ_TYPES[name] == 0 and dp4a_enabled()
+    return (MMQ_MIN_TOKENS <= tokens <= MMQ_MAX_TOKENS.get(name, 0) and cols % MMQ_TYPES[name] == 0
+            and dp4a_enabled())
 
 
 def _int8_kernel(data: torch.Tensor, qtype: int, cols: int, tokens: int):
     """The int8-activation kernel ``gguf_matmul`` takes for this call (dp4a or mmq), or None."""
     if tokens <= DP4A_MAX_TOKENS and _dp4a_ok(data, qtype, cols):
         return dp4a_matmul
-    if MMQ_MIN_TOKENS <= tokens <= MMQ_MAX_TOKENS and _mmq_ok(qtype, cols):
+    if _mmq_ok(qtype, cols, tokens):
         return mmq_matmul
     return None
 
