@@ -25,7 +25,6 @@ from typing import Any
 from gguf import GGUFValueType, GGUFWriter
 
 from .fields import NumericArrayField, StringArrayField
-from .tokenizer import GEMMA_ARCHS, SPACE
 
 PREFIX = "tokenizer."
 MERGES = "tokenizer.ggml.merges"
@@ -60,6 +59,8 @@ def copyable(metadata, vocab_size: int) -> bool:
 
 def copy_tokenizer_fields(writer: GGUFWriter, metadata, *, gguf_arch: str) -> list[str]:
     """Add the source's ``tokenizer.*`` fields to ``writer`` (see the module docstring); returns notes."""
+    from .tokenizer import GEMMA_ARCHS, SPACE  # noqa: PLC0415 - tokenizer.py imports `tokenizers` (direct.py avoids it)
+
     notes = []
     model = metadata.get("tokenizer.ggml.model", "llama")
     for key in metadata:
@@ -75,11 +76,11 @@ def copy_tokenizer_fields(writer: GGUFWriter, metadata, *, gguf_arch: str) -> li
             if spaced != tokens:
                 writer.add_key_value(key, spaced, GGUFValueType.ARRAY, sub_type=GGUFValueType.STRING)
                 continue
-        writer.add_key_value(key, RawValue(_value_bytes(field)), field.types[0])
+        writer.add_key_value(key, RawValue(value_bytes(field)), field.types[0])
     return notes
 
 
-def _value_bytes(field) -> bytes:
+def value_bytes(field) -> bytes:
     """The encoded value of a reader field (what follows its value type in the file): for a bulk
     array field (fields.py), the item type and count, then its items (the numbers' own view, or the
     strings' bytes with their lengths); a plain ReaderField's parts are [key length, key, value
