@@ -151,27 +151,28 @@ class DirectRequantize:
         writer.write_ti_data_to_file()
         types, fallbacks = Counter(), []
         source_bytes = parameters = data_bytes = 0
-        for done, (tensor, choice) in enumerate(zip(self.tensors, choices), start=1):
-            hf_name, shape = self.hf_name(tensor.name), self.shape(tensor)
-            values = _float32(tensor, shape)
-            if choice.qtype == Q.F32:
-                if values.size and not np.isfinite(values).all():
-                    raise ConversionError(f"tensor {hf_name!r} holds non-finite values; refusing to convert it")
-                data = values
-            else:
-                if choice.fallback_from is not None:
-                    fallbacks.append(f"{tensor.name}: {choice.fallback_from.name} -> {choice.qtype.name} "
-                                     f"(rows of {shape[-1]} are not whole {choice.fallback_from.name} blocks)")
-                data, finite = plain.quantize_rows(values.reshape(-1, shape[-1]), int(choice.qtype))
-                if not finite:
-                    raise ConversionError(f"tensor {hf_name!r} holds non-finite values; refusing to quantize it")
-            writer.write_tensor_data(data)
-            types[choice.qtype.name] += 1
-            source_bytes += int(tensor.n_bytes)
-            parameters += values.size
-            data_bytes += data.nbytes
-            if progress is not None:
-                progress(done, len(self.tensors), hf_name)
+        with Spooler(writer.write_tensor_data) as spool:
+            for done, (tensor, choice) in enumerate(zip(self.tensors, choices), start=1):
+                hf_name, shape = self.hf_name(tensor.name), self.shape(tensor)
+                values = _float32(tensor, shape)
+                if choice.qtype == Q.F32:
+                    if values.size and not np.isfinite(values).all():
+                        raise ConversionError(f"tensor {hf_name!r} holds non-finite values; refusing to convert it")
+                    data = values
+                else:
+                    if choice.fallback_from is not None:
+                        fallbacks.append(f"{tensor.name}: {choice.fallback_from.name} -> {choice.qtype.name} "
+                                         f"(rows of {shape[-1]} are not whole {choice.fallback_from.name} blocks)")
+                    data, finite = plain.quantize_rows(values.reshape(-1, shape[-1]), int(choice.qtype))
+                    if not finite:
+                        raise ConversionError(f"tensor {hf_name!r} holds non-finite values; refusing to quantize it")
+                spool.put(data)
+                types[choice.qtype.name] += 1
+                source_bytes += int(tensor.n_bytes)
+                parameters += values.size
+                data_bytes += data.nbytes
+                if progress is not None:
+                    progress(done, len(self.tensors), hf_name)
         writer.close()
         facts = {"parameters": parameters, "gguf_type": self.target, "file_type": self.plan.recipe.file_type.name,
                  "architecture": self.arch, "bits_per_weight": 8 * data_bytes / max(parameters, 1),
@@ -199,6 +200,44 @@ class DirectRequantize:
         for add in wanted.values():  # keys the source lacks
             add()
         return notes
+
+
+class Spooler:
+    """Calls ``write`` on each item ``put`` here, in order, on a thread of its own: the file is
+    written while the next tensor is quantized (both release the GIL). The first error in
+    ``write`` is raised by the next ``put`` or on leaving the block; an error in the block stops
+    the thread (the caller's staging then discards the file)."""
+
+    def __init__(self, write, depth: int = 4):
+        import queue  # noqa: PLC0415
+        import threading  # noqa: PLC0415
+
+        self.write, self.error = write, None
+        self.queue = queue.Queue(maxsize=depth)
+        self.thread = threading.Thread(target=self._run, name="gguf-direct-writer", daemon=True)
+
+    def _run(self) -> None:
+        while (item := self.queue.get()) is not None:
+            if self.error is None:
+                try:
+                    self.write(item)
+                except BaseException as error:  # noqa: BLE001 - handed to the caller's thread
+                    self.error = error
+
+    def put(self, item) -> None:
+        if self.error is not None:
+            raise self.error
+        self.queue.put(item)
+
+    def __enter__(self) -> Spooler:
+        self.thread.start()
+        return self
+
+    def __exit__(self, kind, error, trace) -> None:
+        self.queue.put(None)
+        self.thread.join()
+        if kind is None and self.error is not None:
+            raise self.error
 
 
 def _float32(tensor, shape: tuple[int, ...]) -> np.ndarray:

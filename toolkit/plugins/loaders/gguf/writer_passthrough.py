@@ -70,7 +70,8 @@ def copy_tokenizer_fields(writer: GGUFWriter, metadata, *, gguf_arch: str) -> li
             notes.append("tokenizer.ggml.merges: dropped (llama.cpp's SentencePiece tokenizer never reads them)")
             continue
         field = metadata.field(key)
-        if key == TOKENS and model == "llama" and gguf_arch in GEMMA_ARCHS:
+        # (a vocabulary without runs of "▁" is copied as stored: no need to decode its strings)
+        if key == TOKENS and model == "llama" and gguf_arch in GEMMA_ARCHS and _may_hold_runs(field, SPACE):
             tokens = list(metadata[key])
             spaced = [" " * len(t) if len(t) > 1 and not t.strip(SPACE) else t for t in tokens]
             if spaced != tokens:
@@ -78,6 +79,12 @@ def copy_tokenizer_fields(writer: GGUFWriter, metadata, *, gguf_arch: str) -> li
                 continue
         writer.add_key_value(key, RawValue(value_bytes(field)), field.types[0])
     return notes
+
+
+def _may_hold_runs(field, char: str) -> bool:
+    """Whether some string of the array field is two or more ``char`` and nothing else (a bulk
+    string field answers from its bytes; any other kind of field may)."""
+    return not isinstance(field, StringArrayField) or bool(field.runs_of(char.encode()))
 
 
 def value_bytes(field) -> bytes:
