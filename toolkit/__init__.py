@@ -5,7 +5,7 @@
     m.generate(m.tokenizer.encode("Hello"), max_new_tokens=20)
 
 ``load``, ``LLM`` and the other names load torch on first use, not at ``import toolkit``: commands
-that need no model (``toolkit convert`` between GGUF files) then start without torch's import.
+that need no model (``toolkit convert`` re-quantizing a file) then start without torch's import.
 """
 from .core.openmp import wait_passively_when_imported as _wait_passively_when_imported
 

@@ -1,7 +1,7 @@
 """The ``toolkit convert`` command (the driver is core/convert.py).
 
-Imports no torch by itself: a direct conversion (convert_direct.py: e.g. one GGUF file
-re-quantized into another) runs without it; everything else goes through the driver.
+Imports no torch by itself: a direct conversion (convert_direct.py: e.g. a file re-quantized
+into another of its format) runs without it; everything else goes through the driver.
 """
 from __future__ import annotations
 

@@ -2,10 +2,10 @@
 
 ``toolkit convert`` normally reads the source through its loader, maps every tensor to its
 Hugging Face name and hands dense torch tensors to the target's writer (convert.py). For some
-pairs a plugin can do better: re-quantizing one GGUF file into another needs no model, no name
-round trip and no torch, and torch's import alone is most of that command's time. Such a plugin
+pairs a plugin can do better: re-quantizing a file of its own format into another needs no model,
+no name round trip and no torch, and torch's import alone is most of that command's time. Such a plugin
 names a function in the ``toolkit.direct_convert`` entry-point group under its target format's
-name (``gguf = "pkg.module:direct_plan"``); the group is read without importing any other plugin.
+name (``myformat = "pkg.module:direct_plan"``); the group is read without importing any other plugin.
 
 Contract: ``direct_plan(source, target_type, *, overrides, source_format) -> plan | None``.
 None means "not this one" (the normal driver then converts it, so a plan must decline anything

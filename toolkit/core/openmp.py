@@ -78,8 +78,8 @@ class _PassiveLoader:
 def wait_passively_when_imported(name: str = "torch") -> None:
     """Whenever this process first imports ``name`` (torch), its OpenMP runtime waits passively.
 
-    Why: ``import toolkit`` no longer imports torch itself (a ``toolkit convert`` of one GGUF file
-    into another needs none, and torch's import is most of that command's time), but torch's
+    Why: ``import toolkit`` no longer imports torch itself (a ``toolkit convert`` that re-quantizes a
+    file needs none, and torch's import is most of that command's time), but torch's
     OpenMP runtime must still see the policy when it loads, whoever imports it first."""
     import sys  # noqa: PLC0415
 
