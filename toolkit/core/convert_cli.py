@@ -46,9 +46,9 @@ def convert_command(
     from .convert_direct import convert_direct, direct_plan  # noqa: PLC0415
 
     overrides = _overrides(override)
+    typer.echo(f"converting {source} -> {dest} as {to} (opening the source and its tokenizer)", err=True)
     plan = direct_plan(source, to, overrides=overrides, source_format=source_format) \
         if tp == 1 and dtype is None else None
-    typer.echo(f"converting {source} -> {dest} as {to} (opening the source and its tokenizer)", err=True)
     bar = ProgressBar("converting")
     try:
         if plan is not None:
