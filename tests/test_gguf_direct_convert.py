@@ -24,7 +24,7 @@ from toolkit.core.convert_direct import convert_direct, direct_plan
 from toolkit.core.errors import ConversionError
 from toolkit.kernels.gguf_quant import plain, quantize
 
-TYPES = ["Q8_0", "Q4_K_M", "Q6_K", "Q4_0", "Q5_K_S"]
+TYPES = ["Q8_0", "Q4_K_M", "Q6_K", "Q4_0", "Q5_K_S", "F32"]
 
 
 @pytest.fixture(scope="module", params=["llama", "qwen2", "gemma3"])
@@ -60,16 +60,17 @@ def test_direct_writes_the_drivers_bytes(f32_source, qtype, tmp_path):
     assert direct_summary == driver_summary
 
 
-def test_direct_follows_overrides_and_f16_sources(f32_source, tmp_path):
+def test_direct_follows_overrides_and_16_bit_sources(f32_source, tmp_path):
     kind, source = f32_source
     overrides = (("*.mlp.down_proj.weight", "Q8_0"), ("blk.0.attn_v.weight", "Q4_K"))
     driver, direct, *_ = both(source, "gguf:Q4_K_M", tmp_path / "a", overrides=overrides)
     assert direct == driver
     types = {t.name: t.tensor_type for t in GGUFReader(tmp_path / "a" / "direct" / "out.gguf").tensors}
     assert types["blk.1.ffn_down.weight"] == Q.Q8_0 and types["blk.0.attn_v.weight"] == Q.Q4_K
-    convert(source, tmp_path / "f16.gguf", to="gguf:F16")
-    driver, direct, *_ = both(tmp_path / "f16.gguf", "gguf:Q6_K", tmp_path / "b")
-    assert direct == driver
+    for half in ("F16", "BF16"):
+        convert(source, tmp_path / f"{half}.gguf", to=f"gguf:{half}")
+        driver, direct, *_ = both(tmp_path / f"{half}.gguf", "gguf:Q6_K", tmp_path / half)
+        assert direct == driver, half
 
 
 def test_direct_declines_what_it_cannot_reproduce(f32_source, tmp_path):
