@@ -45,7 +45,6 @@ class _PassiveImport:
         if fullname != self.name:
             return None
         import importlib.util  # noqa: PLC0415
-        import sys  # noqa: PLC0415
 
         self.remove()
         spec = importlib.util.find_spec(fullname)  # the finders after this one (it is gone now)
@@ -68,6 +67,11 @@ class _PassiveLoader:
         return self.loader.create_module(spec)
 
     def exec_module(self, module):
+        # the real loader is the module's loader again, inside the import already (torch's own
+        # imports may look at torch.__spec__) and for good afterwards
+        module.__loader__ = self.loader
+        if getattr(module, "__spec__", None) is not None:
+            module.__spec__.loader = self.loader
         with passive_waiting():
             self.loader.exec_module(module)
 
