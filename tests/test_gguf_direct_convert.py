@@ -182,3 +182,16 @@ def test_torch_waits_passively_when_imported_after_toolkit(tmp_path, monkeypatch
     out = subprocess.run([sys.executable, "-c", "import sys, toolkit; print('torch' in sys.modules)"],
                          capture_output=True, text=True, timeout=60)
     assert out.stdout.strip() == "False", out.stderr
+
+
+def test_without_a_compiler_the_driver_converts(f32_source, tmp_path, monkeypatch):
+    """The plain library cannot be built (no compiler here): the direct plan declines with a
+    warning, and the CLI's route (the driver) still converts."""
+    kind, source = f32_source
+    monkeypatch.setattr(plain, "_library", None)
+    monkeypatch.setattr(plain, "_failure", None)
+    monkeypatch.setenv("TOOLKIT_KERNEL_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("CXX", str(tmp_path / "no-such-compiler"))
+    assert direct_plan(source, "gguf:Q8_0") is None
+    assert "no-such-compiler" in plain.failure()
+    assert direct_plan(source, "gguf:F32") is not None  # nothing to quantize: no library needed
