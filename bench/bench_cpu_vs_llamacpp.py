@@ -1,7 +1,7 @@
 """CPU GGUF speed against llama.cpp in one run: decode, prefill and (optionally) quantization.
 
     python bench/bench_cpu_vs_llamacpp.py --llama-bin DIR [--model FILE] [--threads 2] [--rounds 3]
-        [--quantize-from F32.gguf --types Q8_0,Q4_K_M,Q6_K] [--no-kernels]
+        [--quantize-from F32.gguf --types Q8_0,Q4_K_M,Q6_K [--quantize-only]] [--no-kernels]
 
 ``DIR`` holds a CPU build of llama.cpp (``llama-bench``, ``llama-quantize``). The model defaults to
 the embedded demo (Gemma 3 270M Q4_K_M). Each round runs llama.cpp, then toolkit, on the same
@@ -17,7 +17,8 @@ decode >= 0.5, prefill >= 1, quantization time <= 1x llama-quantize's).
   dequantize-then-matmul path it replaces (``gguf_matmul_chunked``); thread CPU time would hide
   waiting, so this is wall time, median of several calls;
 * quantization: ``llama-quantize SRC OUT TYPE THREADS`` vs ``toolkit convert SRC OUT --to gguf:TYPE``
-  (seconds, wall clock, same threads).
+  (seconds, wall clock of each whole process, same threads; ``--rounds`` interleaved pairs per type,
+  medians). ``--quantize-only`` skips the model benches.
 """
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ import os
 import platform
 import statistics
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -63,7 +65,7 @@ def quantize_times(binary: Path, source: str, qtype: str, threads: int) -> tuple
         theirs = time.perf_counter() - start
         env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
         start = time.perf_counter()
-        subprocess.run(["python", "-m", "toolkit", "convert", source, f"{work}/t.gguf", "--to", f"gguf:{qtype}"],
+        subprocess.run([sys.executable, "-m", "toolkit", "convert", source, f"{work}/t.gguf", "--to", f"gguf:{qtype}"],
                        capture_output=True, check=True, env=env)
         ours = time.perf_counter() - start
     return ours, theirs
@@ -122,7 +124,11 @@ def main() -> None:
     parser.add_argument("--quantize-from")
     parser.add_argument("--types", default="Q8_0,Q4_K_M,Q6_K")
     parser.add_argument("--no-kernels", action="store_true", help="skip the per-type kernel table")
+    parser.add_argument("--quantize-only", action="store_true", help="only the quantization table")
     args = parser.parse_args()
+    if args.quantize_only:
+        print(f"machine: {machine()}\nthreads: {args.threads}, rounds: {args.rounds}", flush=True)
+        return quantize_table(args)
 
     import toolkit  # first: it sets OMP_WAIT_POLICY=PASSIVE only if torch has not loaded yet
     import torch
@@ -155,10 +161,18 @@ def main() -> None:
         for name, label, ours_gbs, torch_gbs in kernel_speeds(model):
             print(f"| {name} | {label} | {ours_gbs:.2f} | {torch_gbs:.3f} | {ours_gbs / torch_gbs:.1f}x |")
     if args.quantize_from:
-        print(f"\n| type | llama-quantize s | toolkit convert s | ratio |\n|---|---|---|---|")
-        for qtype in args.types.split(","):
-            ours_s, theirs_s = quantize_times(args.llama_bin, args.quantize_from, qtype, args.threads)
-            print(f"| {qtype} | {theirs_s:.1f} | {ours_s:.1f} | {ours_s / theirs_s:.2f} |")
+        quantize_table(args)
+
+
+def quantize_table(args) -> None:
+    """Per type, ``--rounds`` interleaved runs of both; medians of each whole process's wall time."""
+    print(f"\n| type | llama-quantize s (median) | toolkit convert s (median) | ratio | rounds (llama / toolkit) |"
+          f"\n|---|---|---|---|---|")
+    for qtype in args.types.split(","):
+        runs = [quantize_times(args.llama_bin, args.quantize_from, qtype, args.threads) for _ in range(args.rounds)]
+        ours, theirs = statistics.median(r[0] for r in runs), statistics.median(r[1] for r in runs)
+        pairs = ", ".join(f"{t:.2f}/{o:.2f}" for o, t in runs)
+        print(f"| {qtype} | {theirs:.2f} | {ours:.2f} | {ours / theirs:.2f} | {pairs} |", flush=True)
 
 
 if __name__ == "__main__":

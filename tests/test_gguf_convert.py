@@ -284,7 +284,7 @@ def test_tokenizer_survives(source, tmp_path):
 
 def _tokenizer_fields(path: Path) -> dict[str, tuple[list, bytes]]:
     from toolkit.plugins.loaders.gguf.reader import open_reader
-    from toolkit.plugins.loaders.gguf.writer_passthrough import _value_bytes
+    from toolkit.plugins.loaders.gguf.writer_passthrough import value_bytes as _value_bytes
 
     fields = open_reader(path).fields
     return {k: ([int(t) for t in f.types], _value_bytes(f)) for k, f in fields.items() if k.startswith("tokenizer.")}

@@ -3,20 +3,34 @@
     import toolkit
     m = toolkit.load("path/to/model")          # safetensors, GGUF, ... detected
     m.generate(m.tokenizer.encode("Hello"), max_new_tokens=20)
+
+``load``, ``LLM`` and the other names load torch on first use, not at ``import toolkit``: commands
+that need no model (``toolkit convert`` re-quantizing a file) then start without torch's import.
 """
-import sys as _sys
+from .core.openmp import wait_passively_when_imported as _wait_passively_when_imported
 
-from .core.openmp import passive_waiting as _passive_waiting
+_wait_passively_when_imported("torch")  # torch's OpenMP runtime reads its wait policy as it loads (core/openmp.py)
 
-if "torch" not in _sys.modules:  # torch's OpenMP runtime reads its wait policy as it loads (core/openmp.py)
-    with _passive_waiting():
-        import torch  # noqa: F401
-
-from .core.api import load  # noqa: E402
-from .core.engine import LLM, RequestOutput, SamplingParams  # noqa: E402
 from .core.errors import ToolkitError  # noqa: E402
 from .core.hookspecs import hookimpl  # noqa: E402
-from .core.loaded import LoadedModel  # noqa: E402
+
+_LAZY = {"load": "toolkit.core.api", "LLM": "toolkit.core.engine", "RequestOutput": "toolkit.core.engine",
+         "SamplingParams": "toolkit.core.engine", "LoadedModel": "toolkit.core.loaded"}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib  # noqa: PLC0415
+
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'toolkit' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_LAZY))
+
 
 __all__ = ["LLM", "LoadedModel", "RequestOutput", "SamplingParams", "ToolkitError", "hookimpl", "load"]
 __version__ = "0.1.0"

@@ -4,6 +4,11 @@ is a PluginConflictError).
 
 A ToolkitError prints one line (``error: ...``) and exits with status 1; ``TOOLKIT_DEBUG=1``
 shows the traceback instead.
+
+``toolkit convert ...`` builds an app of that one command, without plugin discovery (which
+imports every plugin, and with them torch): no plugin can own ``convert`` (the core adds it
+before any plugin, and a second owner is a PluginConflictError), and a conversion that needs no
+model (convert_direct.py) then runs without importing torch at all.
 """
 from __future__ import annotations
 
@@ -74,10 +79,14 @@ def _add_plugin_commands(app: typer.Typer, owners: dict[str, str], registry) -> 
             info.registers.setdefault("command", []).extend(new)
 
 
+def _root_app() -> typer.Typer:
+    return typer.Typer(name="toolkit", no_args_is_help=True, add_completion=False, rich_markup_mode="markdown",
+                       help="Load any LLM checkpoint format through plugins, shard it, run it.")
+
+
 def build_app(registry=None) -> typer.Typer:
     """The root app: built-in commands, then core extras, then every plugin's ``register_commands``."""
-    app = typer.Typer(name="toolkit", no_args_is_help=True, add_completion=False, rich_markup_mode="markdown",
-                      help="Load any LLM checkpoint format through plugins, shard it, run it.")
+    app = _root_app()
     app.command("load")(load_command)
     app.command("inspect")(inspect_command)
     app.command("plugins")(plugins_command)
@@ -85,6 +94,22 @@ def build_app(registry=None) -> typer.Typer:
     _add_core_commands(app, owners)
     _add_plugin_commands(app, owners, registry or current_registry())
     return app
+
+
+def build_convert_app() -> typer.Typer:
+    """``toolkit convert`` alone (see the module docstring); a no-op callback keeps it a group, so
+    the command line and ``toolkit convert --help`` read as in the full app."""
+    from . import convert_cli  # noqa: PLC0415
+
+    app = _root_app()
+    app.callback()(lambda: None)
+    convert_cli.register(app)
+    return app
+
+
+def _app_for(argv: list[str] | None) -> typer.Typer:
+    args = sys.argv[1:] if argv is None else argv
+    return build_convert_app() if args[:1] == ["convert"] else build_app()
 
 
 def _one_line_warning(message, category, filename, lineno, line=None) -> str:
@@ -104,7 +129,7 @@ def main(argv: list[str] | None = None) -> None:
     if not debug:
         warnings.formatwarning = _one_line_warning
     try:
-        sys.exit(_run(typer.main.get_command(build_app()), argv))
+        sys.exit(_run(typer.main.get_command(_app_for(argv)), argv))
     except ToolkitError as exc:
         if debug:
             raise

@@ -1,4 +1,8 @@
-"""The ``toolkit convert`` command (the driver is core/convert.py)."""
+"""The ``toolkit convert`` command (the driver is core/convert.py).
+
+Imports no torch by itself: a direct conversion (convert_direct.py: e.g. a file re-quantized
+into another of its format) runs without it; everything else goes through the driver.
+"""
 from __future__ import annotations
 
 from pathlib import Path
@@ -6,8 +10,6 @@ from typing import List, Optional
 
 import typer
 
-from .config import parse_dtype
-from .convert import ConvertOptions, convert
 
 
 def _overrides(values: list[str]) -> tuple[tuple[str, str], ...]:
@@ -41,13 +43,23 @@ def convert_command(
     (docs/convert.md in the repository lists every target and type the built-in plugins write)
     """
     from .cli_load import ProgressBar  # noqa: PLC0415 - a bar on terminals only, nothing in logs
+    from .convert_direct import convert_direct, direct_plan  # noqa: PLC0415
 
-    options = ConvertOptions(overrides=_overrides(override), tp=tp, dtype=parse_dtype(dtype))
+    overrides = _overrides(override)
     typer.echo(f"converting {source} -> {dest} as {to} (opening the source and its tokenizer)", err=True)
+    plan = direct_plan(source, to, overrides=overrides, source_format=source_format) \
+        if tp == 1 and dtype is None else None
     bar = ProgressBar("converting")
     try:
-        result = convert(source, dest, to=to, force=force, options=options, source_format=source_format,
-                         progress=bar)
+        if plan is not None:
+            result = convert_direct(plan, dest, force=force, progress=bar)
+        else:
+            from .config import parse_dtype  # noqa: PLC0415 - the driver and its writers import torch
+            from .convert import ConvertOptions, convert  # noqa: PLC0415
+
+            options = ConvertOptions(overrides=overrides, tp=tp, dtype=parse_dtype(dtype))
+            result = convert(source, dest, to=to, force=force, options=options, source_format=source_format,
+                             progress=bar)
     except KeyboardInterrupt:
         bar.close()
         typer.echo(f"error: interrupted; nothing was written at {dest} (the partial output was removed)", err=True)

@@ -32,3 +32,60 @@ def passive_waiting():
     finally:
         if added:
             os.environ.pop("OMP_WAIT_POLICY", None)
+
+
+class _PassiveImport:
+    """A ``sys.meta_path`` finder that wraps one top-level module's first import in
+    ``passive_waiting`` and then removes itself (see ``wait_passively_when_imported``)."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname != self.name:
+            return None
+        import importlib.util  # noqa: PLC0415
+
+        self.remove()
+        spec = importlib.util.find_spec(fullname)  # the finders after this one (it is gone now)
+        if spec is not None and spec.loader is not None and hasattr(spec.loader, "exec_module"):
+            spec.loader = _PassiveLoader(spec.loader)
+        return spec
+
+    def remove(self) -> None:
+        import sys  # noqa: PLC0415
+
+        if self in sys.meta_path:
+            sys.meta_path.remove(self)
+
+
+class _PassiveLoader:
+    def __init__(self, loader):
+        self.loader = loader
+
+    def create_module(self, spec):
+        return self.loader.create_module(spec)
+
+    def exec_module(self, module):
+        # the real loader is the module's loader again, inside the import already (torch's own
+        # imports may look at torch.__spec__) and for good afterwards
+        module.__loader__ = self.loader
+        if getattr(module, "__spec__", None) is not None:
+            module.__spec__.loader = self.loader
+        with passive_waiting():
+            self.loader.exec_module(module)
+
+    def __getattr__(self, name):  # get_resource_reader, is_package, ...: the real loader's
+        return getattr(self.loader, name)
+
+
+def wait_passively_when_imported(name: str = "torch") -> None:
+    """Whenever this process first imports ``name`` (torch), its OpenMP runtime waits passively.
+
+    Why: ``import toolkit`` no longer imports torch itself (a ``toolkit convert`` that re-quantizes a
+    file needs none, and torch's import is most of that command's time), but torch's
+    OpenMP runtime must still see the policy when it loads, whoever imports it first."""
+    import sys  # noqa: PLC0415
+
+    if name not in sys.modules and not any(isinstance(f, _PassiveImport) and f.name == name for f in sys.meta_path):
+        sys.meta_path.insert(0, _PassiveImport(name))

@@ -18,8 +18,6 @@ from __future__ import annotations
 import os
 import time
 
-import torch
-
 _USER_HZ = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
@@ -96,6 +94,8 @@ class CoreShare:
         fit; a count set by someone else stops us."""
         if not self.enabled:
             return
+        import torch  # noqa: PLC0415 - enable() runs in every command; torch only where a model loops
+
         if self._set_by_us is not None and torch.get_num_threads() != self._set_by_us:
             self.enabled = False  # the caller changed it: theirs to manage from now on
             return

@@ -6,10 +6,22 @@ the spirit of llama.cpp's reference quantizer. Output decodes with ``gguf.quants
 
 On the CPU the same encoders run compiled (``quant_cpu.cpp`` via ``native.py``; multi-threaded
 over blocks, same bytes as the torch code); the torch code serves GPUs and any machine where the
-extension cannot be built.
-"""
-from .api import ENCODERS, as_qtype, quantize
+extension cannot be built. ``plain.py`` builds the same C++ without torch, for numpy callers.
 
-SUPPORTED = tuple(qtype.name for qtype in ENCODERS)
+The names below load on first use, so ``toolkit.kernels.gguf_quant.plain`` imports no torch.
+"""
+from __future__ import annotations
 
 __all__ = ["SUPPORTED", "as_qtype", "quantize"]
+
+
+def __getattr__(name: str):
+    if name in ("as_qtype", "quantize", "ENCODERS"):
+        from . import api  # noqa: PLC0415
+
+        return getattr(api, name)
+    if name == "SUPPORTED":
+        from .api import ENCODERS  # noqa: PLC0415
+
+        return tuple(qtype.name for qtype in ENCODERS)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -16,9 +16,18 @@
 // Contract (api.py checks it): `src` holds `blocks` contiguous blocks of float32, `dst` room for
 // `blocks` blocks of the type's size. Pointers travel as integers (see gguf_cpu.cpp) and the GIL
 // is released for the whole call.
+//
+// Built twice from this one file: as a torch extension (native.py; at::parallel_for, c10::Half,
+// pybind11), and with -DTOOLKIT_QUANT_PLAIN as a plain shared library with a C entry point
+// (plain.py; OpenMP, the compiler's _Float16, ctypes), which lets `toolkit convert` quantize a
+// GGUF file without importing torch. The encoders are the same code in both, so are the bytes.
+#if defined(TOOLKIT_QUANT_PLAIN)
+#include <omp.h>
+#else
 #include <pybind11/pybind11.h>
 #include <ATen/Parallel.h>
 #include <c10/util/Half.h>
+#endif
 
 #include <algorithm>
 #include <atomic>
@@ -55,8 +64,23 @@ static inline __m256 round_clamp(__m256 v, __m256 lo, __m256 hi) {
 // GGMLQuantizationType numbers
 enum { Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14 };
 
+#if defined(TOOLKIT_QUANT_PLAIN)
+// IEEE float -> half conversions round to nearest even, as c10::Half does (F16C where present)
+static inline uint16_t half_bits(float v) {
+    const _Float16 h = static_cast<_Float16>(v);
+    uint16_t bits;
+    std::memcpy(&bits, &h, 2);
+    return bits;
+}
+static inline float half_value(uint16_t bits) {
+    _Float16 h;
+    std::memcpy(&h, &bits, 2);
+    return static_cast<float>(h);
+}
+#else
 static inline uint16_t half_bits(float v) { return c10::Half(v).x; }
 static inline float half_value(uint16_t bits) { return static_cast<float>(c10::Half(bits, c10::Half::from_bits())); }
+#endif
 static inline void put_half(uint8_t* out, uint16_t bits) { std::memcpy(out, &bits, 2); }  // little-endian hosts
 static inline float recip(float v) { return v == 0.f ? 0.f : 1.f / v; }          // bits.safe_reciprocal
 static inline double recip(double v) { return v == 0.0 ? 0.0 : 1.0 / v; }
@@ -85,11 +109,40 @@ static inline void min_max(const float* x, float& lo, float& hi) {
 }
 
 static void q8_0(const float* x, uint8_t* out) {
+#if defined(__AVX2__)
+    // the scalar code below, 8 lanes at a time: the same float operations on each element (a max,
+    // one multiply, round_away's floors), so the same bytes; codes are within +-127 (|x| <= amax),
+    // so the saturating packs never saturate
+    const __m256 sign = _mm256_set1_ps(-0.f), two = _mm256_set1_ps(2.f), zero = _mm256_setzero_ps();
+    __m256 v[4], peak = zero;
+    for (int i = 0; i < 4; ++i) {
+        v[i] = _mm256_loadu_ps(x + 8 * i);
+        peak = _mm256_max_ps(peak, _mm256_andnot_ps(sign, v[i]));
+    }
+    __m128 h = _mm_max_ps(_mm256_castps256_ps128(peak), _mm256_extractf128_ps(peak, 1));
+    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_max_ss(h, _mm_movehdup_ps(h));
+    const float d = _mm_cvtss_f32(h) / 127.f, id = recip(d);
+    put_half(out, half_bits(d));
+    const __m256 scale = _mm256_set1_ps(id);
+    __m256i q[4];
+    for (int i = 0; i < 4; ++i) {
+        const __m256 scaled = _mm256_mul_ps(v[i], scale);
+        const __m256 magnitude = _mm256_andnot_ps(sign, scaled), whole = _mm256_floor_ps(magnitude);
+        __m256 r = _mm256_add_ps(whole, _mm256_floor_ps(_mm256_mul_ps(two, _mm256_sub_ps(magnitude, whole))));
+        r = _mm256_blendv_ps(r, _mm256_xor_ps(r, sign), _mm256_cmp_ps(scaled, zero, _CMP_LT_OQ));
+        q[i] = _mm256_cvttps_epi32(r);
+    }
+    const __m256i bytes = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 2),
+                        _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+#else
     float amax = 0.f;
     for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(x[j]));
     const float d = amax / 127.f, id = recip(d);
     put_half(out, half_bits(d));
     for (int j = 0; j < 32; ++j) out[2 + j] = static_cast<uint8_t>(static_cast<int8_t>(round_away(x[j] * id)));
+#endif
 }
 
 // trunc(scaled + offset), at most `top` (legacy._codes); scaled + offset >= 0 here
@@ -527,21 +580,38 @@ bool quantize(int64_t src_ptr, int64_t dst_ptr, int64_t blocks, int qtype) {
     const float* src = reinterpret_cast<const float*>(src_ptr);
     uint8_t* dst = reinterpret_cast<uint8_t*>(dst_ptr);
     std::atomic<bool> finite{true};
-    at::parallel_for(0, blocks, t.grain, [&](int64_t begin, int64_t end) {
+    auto encode_range = [&](int64_t begin, int64_t end) {
         bool ok = true;
         for (int64_t b = begin; b < end; ++b) {
             ok &= finite_block(src + b * t.elements, t.elements);
             t.encode(src + b * t.elements, dst + b * t.bytes);
         }
         if (!ok) finite.store(false, std::memory_order_relaxed);
-    });
+    };
+#if defined(TOOLKIT_QUANT_PLAIN)
+    // chunks of `grain` blocks over OpenMP's threads (OMP_NUM_THREADS); blocks are independent,
+    // so the split changes no byte
+    const int64_t chunks = (blocks + t.grain - 1) / t.grain;
+#pragma omp parallel for schedule(dynamic, 1)
+    for (int64_t c = 0; c < chunks; ++c) encode_range(c * t.grain, std::min(blocks, (c + 1) * t.grain));
+#else
+    at::parallel_for(0, blocks, t.grain, encode_range);
+#endif
     return finite.load();
 }
 
 }  // namespace gguf_quant
 
+#if defined(TOOLKIT_QUANT_PLAIN)
+// C entry point for ctypes: 1 = every value finite, 0 = some value was not, -1 = unknown type
+extern "C" int toolkit_gguf_quantize(const float* src, uint8_t* dst, int64_t blocks, int qtype) {
+    if (!gguf_quant::handles(qtype)) return -1;
+    return gguf_quant::quantize(reinterpret_cast<int64_t>(src), reinterpret_cast<int64_t>(dst), blocks, qtype) ? 1 : 0;
+}
+#else
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
     namespace py = pybind11;
     module.def("quantize", &gguf_quant::quantize, py::call_guard<py::gil_scoped_release>());
     module.def("handles", &gguf_quant::handles);
 }
+#endif

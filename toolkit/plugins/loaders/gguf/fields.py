@@ -89,6 +89,16 @@ class StringArrayField(_BulkField):
         if len(self._starts):
             self._decoded()
 
+    def runs_of(self, unit: bytes, min_count: int = 2) -> list[int]:
+        """Indices of the strings made of ``min_count`` or more copies of ``unit`` and nothing else
+        (SentencePiece's runs of "▁"), found in the bytes without decoding every string."""
+        starts, lengths, size = self._starts, self._stops - self._starts, len(unit)
+        maybe = np.flatnonzero((lengths >= size * min_count) & (lengths % size == 0))
+        for k, byte in enumerate(unit * min_count):  # the first min_count units, all candidates at once
+            maybe = maybe[self._raw[starts[maybe] + k] == byte]
+        return [i for i in maybe.tolist()
+                if self._raw[int(starts[i]):int(self._stops[i])].tobytes() == unit * (int(lengths[i]) // size)]
+
     def _decode_all(self) -> list[str]:
         """Every string, with one UTF-8 decode of their concatenation. UnicodeDecodeError (as
         gguf-py would raise) if any string on its own is not valid UTF-8."""

@@ -22,21 +22,9 @@ import torch
 from toolkit.core.errors import ShapeMismatchError
 from toolkit.core.names import MappedName, NameContext, split_packed
 
+from .leaves import DENSE_LEAVES, GEMMA3_LAYER_LEAVES, GLOBAL_LEAVES, IGNORED, LAYER_LEAVES  # noqa: F401
 from .moe_names import EXPERT_LEAVES, MOE_LEAVES, ROUTER_LEAVES
 from .tensor import GGUFTensor
-
-GLOBAL_LEAVES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
-LAYER_LEAVES = {
-    "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
-    "attn_output": "self_attn.o_proj", "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm",
-    "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
-    "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
-}
-# Gemma 3 norms around both sublayers: llama.cpp's ffn_norm is the pre-feedforward one there.
-GEMMA3_LAYER_LEAVES = {**LAYER_LEAVES, "ffn_norm": "pre_feedforward_layernorm",
-                       "post_attention_norm": "post_attention_layernorm", "post_ffw_norm": "post_feedforward_layernorm"}
-# Tensors llama.cpp writes that no parameter takes: precomputed rope frequency factors.
-IGNORED = frozenset({"rope_freqs.weight"})
 
 _NAME = re.compile(r"^(?:blk\.(?P<layer>\d+)\.)?(?P<leaf>[A-Za-z0-9_]+)\.(?P<kind>weight|bias)$")
 
@@ -146,10 +134,10 @@ def _chain(steps: list[Callable[[Any], Any]]) -> Callable[[Any], Any]:
 
 
 NAME_MAPS = (
-    GGUFNameMap("llama", rope_interleaved=True),
-    GGUFNameMap("qwen2"),
-    GGUFNameMap("qwen3"),
-    GGUFNameMap("gemma3", leaves=GEMMA3_LAYER_LEAVES, norm_offset=1.0),
+    GGUFNameMap("llama", leaves=DENSE_LEAVES["llama"], rope_interleaved=True),
+    GGUFNameMap("qwen2", leaves=DENSE_LEAVES["qwen2"]),
+    GGUFNameMap("qwen3", leaves=DENSE_LEAVES["qwen3"]),
+    GGUFNameMap("gemma3", leaves=DENSE_LEAVES["gemma3"], norm_offset=1.0),
     GGUFNameMap("qwen2_moe", leaves={**LAYER_LEAVES, **MOE_LEAVES}, experts=EXPERT_LEAVES),
     GGUFNameMap("qwen3_moe", leaves={**LAYER_LEAVES, **MOE_LEAVES}, experts=EXPERT_LEAVES),
     GGUFNameMap("mixtral", leaves={**LAYER_LEAVES, **MOE_LEAVES}, experts=EXPERT_LEAVES, rope_interleaved=True),

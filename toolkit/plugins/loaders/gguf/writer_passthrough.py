@@ -25,7 +25,6 @@ from typing import Any
 from gguf import GGUFValueType, GGUFWriter
 
 from .fields import NumericArrayField, StringArrayField
-from .tokenizer import GEMMA_ARCHS, SPACE
 
 PREFIX = "tokenizer."
 MERGES = "tokenizer.ggml.merges"
@@ -60,6 +59,8 @@ def copyable(metadata, vocab_size: int) -> bool:
 
 def copy_tokenizer_fields(writer: GGUFWriter, metadata, *, gguf_arch: str) -> list[str]:
     """Add the source's ``tokenizer.*`` fields to ``writer`` (see the module docstring); returns notes."""
+    from .tokenizer import GEMMA_ARCHS, SPACE  # noqa: PLC0415 - tokenizer.py imports `tokenizers` (direct.py avoids it)
+
     notes = []
     model = metadata.get("tokenizer.ggml.model", "llama")
     for key in metadata:
@@ -69,17 +70,24 @@ def copy_tokenizer_fields(writer: GGUFWriter, metadata, *, gguf_arch: str) -> li
             notes.append("tokenizer.ggml.merges: dropped (llama.cpp's SentencePiece tokenizer never reads them)")
             continue
         field = metadata.field(key)
-        if key == TOKENS and model == "llama" and gguf_arch in GEMMA_ARCHS:
+        # (a vocabulary without runs of "▁" is copied as stored: no need to decode its strings)
+        if key == TOKENS and model == "llama" and gguf_arch in GEMMA_ARCHS and _may_hold_runs(field, SPACE):
             tokens = list(metadata[key])
             spaced = [" " * len(t) if len(t) > 1 and not t.strip(SPACE) else t for t in tokens]
             if spaced != tokens:
                 writer.add_key_value(key, spaced, GGUFValueType.ARRAY, sub_type=GGUFValueType.STRING)
                 continue
-        writer.add_key_value(key, RawValue(_value_bytes(field)), field.types[0])
+        writer.add_key_value(key, RawValue(value_bytes(field)), field.types[0])
     return notes
 
 
-def _value_bytes(field) -> bytes:
+def _may_hold_runs(field, char: str) -> bool:
+    """Whether some string of the array field is two or more ``char`` and nothing else (a bulk
+    string field answers from its bytes; any other kind of field may)."""
+    return not isinstance(field, StringArrayField) or bool(field.runs_of(char.encode()))
+
+
+def value_bytes(field) -> bytes:
     """The encoded value of a reader field (what follows its value type in the file): for a bulk
     array field (fields.py), the item type and count, then its items (the numbers' own view, or the
     strings' bytes with their lengths); a plain ReaderField's parts are [key length, key, value
