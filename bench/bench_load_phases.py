@@ -2,7 +2,7 @@
 
     python bench/bench_load_phases.py model.gguf                        # cuda if available, 5 runs
     python bench/bench_load_phases.py model.gguf --device cpu --repeat 7
-    python bench/bench_load_phases.py model.gguf --json out.json
+    python bench/bench_load_phases.py model.gguf --json out.json --profile 40   # + a cProfile of one load
 
 Each run is a new interpreter that imports torch (and, on CUDA, initialises the device: a user
 has both before loading, and llama.cpp's load time excludes them too), then times
@@ -46,6 +46,11 @@ def on_gc(phase, info, _t=[0.0]):
     else:
         pauses.append((info["generation"], time.perf_counter() - _t[0]))
 before = set(sys.modules)
+profile_top = int(sys.argv[4]) if len(sys.argv) > 4 else 0
+if profile_top:
+    import cProfile, pstats
+    profiler = cProfile.Profile()
+    profiler.enable()
 gc.callbacks.append(on_gc)
 start = time.perf_counter()
 loaded = toolkit.load(path, device=device)
@@ -53,6 +58,10 @@ if device.startswith("cuda"):
     torch.cuda.synchronize()
 load_s = time.perf_counter() - start
 gc.callbacks.remove(on_gc)
+if profile_top:
+    profiler.disable()
+    for order in ("cumulative", "tottime"):
+        pstats.Stats(profiler, stream=sys.stderr).sort_stats(order).print_stats(profile_top)
 new = set(sys.modules) - before
 phases = dict(loaded.report.phases)
 print(json.dumps({"import_toolkit_s": import_s, "load_s": load_s, "phases": phases,
@@ -63,12 +72,14 @@ print(json.dumps({"import_toolkit_s": import_s, "load_s": load_s, "phases": phas
 """
 
 
-def run_once(path: str, device: str) -> dict:
+def run_once(path: str, device: str, profile_top: int = 0) -> dict:
     env = dict(os.environ, TRANSFORMERS_VERBOSITY="error", TQDM_DISABLE="1")
-    done = subprocess.run([sys.executable, "-c", WORKER, path, device, ",".join(WATCH)], capture_output=True,
-                          text=True, env=env)
+    done = subprocess.run([sys.executable, "-c", WORKER, path, device, ",".join(WATCH), str(profile_top)],
+                          capture_output=True, text=True, env=env)
     if done.returncode:
         raise RuntimeError(f"worker failed:\n{done.stderr[-3000:]}")
+    if profile_top:
+        print(done.stderr)
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
@@ -95,6 +106,9 @@ def main() -> None:
     parser.add_argument("--device", default=None, help="cpu, cuda, cuda:1 (default: cuda if available)")
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--json", help="also write the summary and every run here")
+    parser.add_argument("--profile", type=int, default=0, metavar="N",
+                        help="one more fresh process with the load under cProfile: print its N costliest "
+                             "functions by cumulative and by own time (not counted in the medians)")
     args = parser.parse_args()
     device = args.device
     if device is None:
@@ -112,6 +126,9 @@ def main() -> None:
     print(f"  gc pauses        {summary['gc_s']:.3f} s, {summary['gc_full']:g} full collection(s), anywhere in the load")
     print(f"  modules imported by the load: {summary['modules_imported']:g}; of the watched packages: "
           f"{', '.join(summary['heavy_imported']) or 'none'}")
+    if args.profile:
+        print(f"\ncProfile of one more load (slower than unprofiled; for where, not how long):")
+        run_once(args.path, device, args.profile)
     if args.json:
         with open(args.json, "w") as handle:
             json.dump({"path": args.path, "device": device, "summary": summary, "runs": runs}, handle, indent=1)

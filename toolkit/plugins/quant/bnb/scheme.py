@@ -18,12 +18,11 @@ from toolkit.kernels.bnb import SMALL_BATCH_MAX_TOKENS
 
 from . import experts
 from .dense import DenseScheme
+from .factory import CHECKPOINT_SCHEME, SPEC_NAMES, BnbFactory  # noqa: F401 - BnbFactory: its old home
 from .layout import Layout
 from .notes import NoteLog
-from .options import FourBitOptions, Int8Options, from_quantization_config, parse_spec
+from .options import FourBitOptions, Int8Options
 
-CHECKPOINT_SCHEME = "bnb"
-SPEC_NAMES = ("bnb-nf4", "bnb-fp4", "bnb-int8")
 
 
 class _BnbScheme:
@@ -146,19 +145,8 @@ class Bnb8bitScheme(_BnbScheme):
                 "llm_int8_skip_modules": list(self.options.skip_modules) or None}
 
 
-class BnbFactory:
-    """Registered under ``bnb`` (pre-quantized checkpoints) and the on-the-fly spec names."""
-
-    names = (CHECKPOINT_SCHEME, *SPEC_NAMES)
-
-    def from_checkpoint(self, quant_metadata, *, params_dtype: torch.dtype):
-        return _make(from_quantization_config(quant_metadata), params_dtype, prequantized=True)
-
-    def from_spec(self, spec: str, *, params_dtype: torch.dtype):
-        return _make(parse_spec(spec), params_dtype, prequantized=False)
-
-
-def _make(options, params_dtype: torch.dtype, *, prequantized: bool):
+def make_scheme(options, params_dtype: torch.dtype, *, prequantized: bool):
+    """The 4-bit or int8 scheme for ``options``."""
     scheme = Bnb8bitScheme if isinstance(options, Int8Options) else Bnb4bitScheme
     return scheme(options, params_dtype, prequantized=prequantized)
 
