@@ -3,6 +3,7 @@
     python bench/bench_load_phases.py model.gguf                        # cuda if available, 5 runs
     python bench/bench_load_phases.py model.gguf --device cpu --repeat 7
     python bench/bench_load_phases.py model.gguf --json out.json --profile 40   # + a cProfile of one load
+    python bench/bench_load_phases.py model.gguf --first-token   # + one greedy token, as llama-bench's load time
 
 Each run is a new interpreter that imports torch (and, on CUDA, initialises the device: a user
 has both before loading, and llama.cpp's load time excludes them too), then times
@@ -49,7 +50,7 @@ def on_gc(phase, info, _t=[0.0]):
     else:
         pauses.append((info["generation"], time.perf_counter() - _t[0]))
 before = set(sys.modules)
-profile_top = int(sys.argv[4]) if len(sys.argv) > 4 else 0
+profile_top, first_token = int(sys.argv[4]), sys.argv[5] == "1"
 if profile_top:
     import cProfile, pstats
     profiler = cProfile.Profile()
@@ -67,17 +68,28 @@ if profile_top:
         pstats.Stats(profiler, stream=sys.stderr).sort_stats(order).print_stats(profile_top)
 new = set(sys.modules) - before
 phases = dict(loaded.report.phases)
+first_s = first_heavy = None
+if first_token:  # what llama-bench's "load time" also covers: the first evaluation
+    before_first = set(sys.modules)
+    start = time.perf_counter()
+    loaded.generate(loaded.tokenizer.encode("Hello"), max_new_tokens=1)
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+    first_s = time.perf_counter() - start
+    first_heavy = sorted(w for w in watch if w in set(sys.modules) - before_first)
 print(json.dumps({"import_toolkit_s": import_s, "load_s": load_s, "load_cpu_s": load_cpu_s, "phases": phases,
                   "other_s": load_s - sum(phases.values()),
                   "gc_s": sum(s for _, s in pauses), "gc_full": sum(1 for g, _ in pauses if g == 2),
                   "modules_imported": len(new),
-                  "heavy_imported": sorted(w for w in watch if w in new)}))
+                  "heavy_imported": sorted(w for w in watch if w in new),
+                  "first_token_s": first_s, "first_token_imported": first_heavy}))
 """
 
 
-def run_once(path: str, device: str, profile_top: int = 0) -> dict:
+def run_once(path: str, device: str, profile_top: int = 0, first_token: bool = False) -> dict:
     env = dict(os.environ, TRANSFORMERS_VERBOSITY="error", TQDM_DISABLE="1")
-    done = subprocess.run([sys.executable, "-c", WORKER, path, device, ",".join(WATCH), str(profile_top)],
+    done = subprocess.run([sys.executable, "-c", WORKER, path, device, ",".join(WATCH), str(profile_top),
+                           "1" if first_token else "0"],
                           capture_output=True, text=True, env=env)
     if done.returncode:
         raise RuntimeError(f"worker failed:\n{done.stderr[-3000:]}")
@@ -102,7 +114,9 @@ def summarize(runs: list[dict]) -> dict:
             "gc_s": med([r["gc_s"] for r in runs]),
             "gc_full": med([r["gc_full"] for r in runs]),
             "modules_imported": med([r["modules_imported"] for r in runs]),
-            "heavy_imported": sorted({name for r in runs for name in r["heavy_imported"]})}
+            "heavy_imported": sorted({name for r in runs for name in r["heavy_imported"]}),
+            "first_token_s": med([r["first_token_s"] for r in runs]) if runs[0]["first_token_s"] is not None else None,
+            "first_token_imported": sorted({name for r in runs for name in r["first_token_imported"] or ()})}
 
 
 def main() -> None:
@@ -111,6 +125,9 @@ def main() -> None:
     parser.add_argument("--device", default=None, help="cpu, cuda, cuda:1 (default: cuda if available)")
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--json", help="also write the summary and every run here")
+    parser.add_argument("--first-token", action="store_true",
+                        help="also time one greedy token after the load (llama-bench's load time includes the "
+                             "first evaluation), and what it imported")
     parser.add_argument("--profile", type=int, default=0, metavar="N",
                         help="one more fresh process with the load under cProfile: print its N costliest "
                              "functions by cumulative and by own time (not counted in the medians)")
@@ -120,7 +137,7 @@ def main() -> None:
         import torch  # noqa: PLC0415
 
         device = "cuda" if torch.cuda.is_available() else "cpu"
-    runs = [run_once(args.path, device) for _ in range(args.repeat)]
+    runs = [run_once(args.path, device, first_token=args.first_token) for _ in range(args.repeat)]
     summary = summarize(runs)
     print(f"toolkit.load({args.path!r}, device={device!r}): median of {len(runs)} fresh processes")
     print(f"  import toolkit   {summary['import_toolkit_s']:.3f} s (not part of the load)")
@@ -132,6 +149,9 @@ def main() -> None:
     print(f"  gc pauses        {summary['gc_s']:.3f} s, {summary['gc_full']:g} full collection(s), anywhere in the load")
     print(f"  modules imported by the load: {summary['modules_imported']:g}; of the watched packages: "
           f"{', '.join(summary['heavy_imported']) or 'none'}")
+    if summary["first_token_s"] is not None:
+        print(f"  first token      {summary['first_token_s']:.3f} s after the load (imported: "
+              f"{', '.join(summary['first_token_imported']) or 'none of the watched packages'})")
     if args.profile:
         print(f"\ncProfile of one more load (slower than unprofiled; for where, not how long):")
         run_once(args.path, device, args.profile)
