@@ -123,7 +123,7 @@ def test_a_broken_kernel_module_leaves_the_reference_serving(usable, private_run
 
 
 KERNEL_PACKAGES = ("toolkit.kernels.gguf", "toolkit.kernels.fused", "toolkit.kernels.recurrent",
-                   "toolkit.kernels.moe", "toolkit.kernels.gguf_moe", "toolkit.kernels.attention")
+                   "toolkit.kernels.moe", "toolkit.kernels.gguf_moe", "toolkit.kernels.attention", "toolkit.kernels.bnb")
 
 
 def _ops_keys(module: str) -> set[str]:
@@ -148,6 +148,6 @@ def test_declared_op_names_match_each_kernel_modules_ops(usable):
 
     for package in KERNEL_PACKAGES:
         importlib.import_module(package).register_kernels(register)
-    assert len(declared) == 7, declared
+    assert len(declared) == 8, declared
     for module, names in declared.items():
         assert names == _ops_keys(module), module

@@ -158,8 +158,13 @@ def _is_skipped(prefix: str, patterns: tuple[str, ...]) -> bool:
 
 
 def _has_cuda_kernel(op_name: str) -> bool:
-    """Whether a CUDA implementation of ``op_name`` is registered (beyond the any-device reference)."""
-    return any(impl.device == "cuda" for impl in runtime.candidates(op_name, "cuda"))
+    """Whether a CUDA implementation of ``op_name`` is registered (beyond the any-device reference)
+    and importable: a lazily imported kernel is imported here (the engine asks before it runs it)."""
+    def usable(impl) -> bool:
+        materialize = getattr(impl.fn, "materialize", None)
+        return materialize is None or materialize() is not None
+
+    return any(impl.device == "cuda" and usable(impl) for impl in runtime.candidates(op_name, "cuda"))
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
