@@ -242,8 +242,10 @@ def open_checkpoint(reference, *, registry: Registry, load_config: LoadConfig, r
 def load_local(reference, load_config: LoadConfig, *, parallel: ParallelContext = SINGLE,
                progress: Progress | None = None, registry: Registry | None = None):
     """Load on this process (one rank). Returns (model, arch, config, scheme, tokenizer, report)."""
-    registry = registry or default_registry()
     report = LoadReport()
+    if registry is None:
+        with report.phase("plugins"):  # discovering and importing the plugins: once per process
+            registry = default_registry()
     load_config = dataclasses.replace(load_config, tp_rank=parallel.tp_rank, tp_size=parallel.tp_size)
     checkpoint = open_checkpoint(reference, registry=registry, load_config=load_config, report=report)
     try:

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from ..core.hookspecs import hookimpl
-from .triton_support import optional_ops
+from .triton_support import lazy_ops
 
 ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {"silu": F.silu}
 
@@ -71,5 +71,5 @@ def fused_moe(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, topk_w
 def register_kernels(register):
     register("moe_route", moe_route, device="any")
     register("fused_moe", fused_moe, device="any")
-    for name, fn in optional_ops("toolkit.kernels.moe_triton", "Triton fused MoE").items():
+    for name, fn in lazy_ops("toolkit.kernels.moe_triton", ("fused_moe", "moe_route"), "Triton fused MoE").items():
         register(name, fn, device="cuda", priority=10)

@@ -3,7 +3,10 @@
 Every op has a pure-torch reference registered for ``device="any"``; that reference is the
 test oracle and what runs on CPU. Faster implementations (Triton on CUDA) register with a
 higher priority and may offer ``supports(*args, **kwargs) -> bool`` to decline a call
-(an odd shape, a type they do not handle), in which case the next candidate runs.
+(an odd shape, a type they do not handle), in which case the next candidate runs. An
+implementation with a ``materialize()`` method is a stand-in for one imported on first use
+(``triton_support.LazyKernel``): the runtime asks it for the real function when a call first
+reaches it and dispatches to that (None: unavailable, skipped).
 
 Callers never import a kernel module: ``runtime.call("rms_norm", x, weight, eps)``.
 
@@ -104,9 +107,15 @@ def _signature(op_name: str, args, kwargs) -> tuple | None:
 
 def _choose(op_name: str, args, kwargs) -> Callable:
     for impl in candidates(op_name, _device_of(args)):
-        supports = getattr(impl.fn, "supports", None)
+        fn = impl.fn
+        materialize = getattr(fn, "materialize", None)
+        if materialize is not None:  # a lazily imported kernel (triton_support.LazyKernel)
+            fn = materialize()
+            if fn is None:  # its module failed to import (warned once): the next candidate serves
+                continue
+        supports = getattr(fn, "supports", None)
         if supports is None or supports(*args, **kwargs):
-            return impl.fn
+            return fn
     raise UnknownNameError("kernel op for this device/shape", op_name, [i.owner for i in _OPS[op_name]])
 
 

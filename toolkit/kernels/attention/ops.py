@@ -99,3 +99,6 @@ def _store_kv_supports(k, v, k_cache, v_cache, slot_mapping) -> bool:
 
 
 store_kv.supports = _store_kv_supports
+
+
+OPS = {"paged_attention": paged_attention, "store_kv": store_kv}  # what __init__ registers, lazily

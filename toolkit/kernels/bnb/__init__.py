@@ -13,7 +13,7 @@ activations and layouts it does not handle; bitsandbytes then runs the call.
 from __future__ import annotations
 
 from ...core.hookspecs import hookimpl
-from ..triton_support import optional_ops
+from ..triton_support import lazy_ops
 
 # Tokens per call up to which the Triton kernels take bitsandbytes matmuls (decode batches). The
 # bnb-int8 scheme tells the engine to capture CUDA graphs only up to this many tokens per step
@@ -21,8 +21,11 @@ from ..triton_support import optional_ops
 SMALL_BATCH_MAX_TOKENS = 16
 
 
+TRITON_OPS = ("bnb_4bit_matmul", "bnb_int8_matmul")  # triton_ops.OPS
+
+
 def register_all(register) -> None:
-    for name, fn in optional_ops(f"{__name__}.triton_ops", "bitsandbytes Triton kernels").items():
+    for name, fn in lazy_ops(f"{__name__}.triton_ops", TRITON_OPS, "bitsandbytes Triton kernels").items():
         register(name, fn, device="cuda", priority=10)
 
 

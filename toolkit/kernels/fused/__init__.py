@@ -7,12 +7,13 @@ Registered only where Triton and a CUDA device exist; elsewhere (and for whateve
 from __future__ import annotations
 
 from ...core.hookspecs import hookimpl
-from ..triton_support import optional_ops
+from ..triton_support import lazy_ops
 
 PRIORITY = 10
+TRITON_OPS = ("rms_norm", "add_rms_norm", "rotary_qk", "gated_activation")  # ops.OPS
 
 
 @hookimpl
 def register_kernels(register):
-    for name, fn in optional_ops(f"{__name__}.ops", "fused Triton kernels").items():
+    for name, fn in lazy_ops(f"{__name__}.ops", TRITON_OPS, "fused Triton kernels").items():
         register(name, fn, device="cuda", priority=PRIORITY)

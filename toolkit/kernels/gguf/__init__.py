@@ -13,7 +13,7 @@ takes over on CPU; Triton kernels register for CUDA when Triton is importable an
 from __future__ import annotations
 
 from ...core.hookspecs import hookimpl
-from ..triton_support import optional_ops
+from ..triton_support import lazy_ops
 from .cpu import gguf_matmul_chunked
 from .reference import (SUPPORTED_TYPES, gguf_dequantize, gguf_embedding, gguf_matmul, is_supported)
 from .types import block_size, bytes_per_row, type_name, type_size
@@ -26,7 +26,7 @@ def register_all(register) -> None:
     for name, fn in zip(OPS, (gguf_dequantize, gguf_matmul, gguf_embedding)):
         register(name, fn, device="any")
     register("gguf_matmul", gguf_matmul_chunked, device="cpu", priority=5)
-    for name, fn in optional_ops(f"{__name__}.triton_ops", "GGUF Triton kernels").items():
+    for name, fn in lazy_ops(f"{__name__}.triton_ops", OPS, "GGUF Triton kernels").items():
         register(name, fn, device="cuda", priority=10)
 
 

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from ...core.hookspecs import hookimpl
-from ..triton_support import optional_ops
+from ..triton_support import lazy_ops
 from ..gguf.reference import gguf_dequantize
 from ..moe import expert_mixture, gated
 
@@ -41,5 +41,5 @@ def gguf_fused_moe(x: torch.Tensor, gate_up: torch.Tensor, gate_up_qtype: int, d
 @hookimpl
 def register_kernels(register):
     register("gguf_fused_moe", gguf_fused_moe, device="any")
-    for name, fn in optional_ops(f"{__name__}.triton_moe", "Triton fused MoE (GGUF experts)").items():
+    for name, fn in lazy_ops(f"{__name__}.triton_moe", ("gguf_fused_moe",), "Triton fused MoE (GGUF experts)").items():
         register(name, fn, device="cuda", priority=10)

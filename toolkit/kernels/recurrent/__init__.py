@@ -17,14 +17,16 @@ the kernels read those strided views directly.
 from __future__ import annotations
 
 from ...core.hookspecs import hookimpl
-from ..triton_support import optional_ops
+from ..triton_support import lazy_ops
 
 PRIORITY = 10
 
 
 @hookimpl
 def register_kernels(register):
-    for module, what in (("triton_ops", "recurrent decode Triton kernels"),
-                         ("triton_prefill", "recurrent prefill Triton kernels")):
-        for name, fn in optional_ops(f"{__name__}.{module}", what).items():
+    for module, names, what in (
+            ("triton_ops", ("causal_conv1d_decode", "gated_delta_rule_decode"), "recurrent decode Triton kernels"),
+            ("triton_prefill", ("causal_conv1d_prefill", "gated_delta_rule_prefill"),
+             "recurrent prefill Triton kernels")):
+        for name, fn in lazy_ops(f"{__name__}.{module}", names, what).items():
             register(name, fn, device="cuda", priority=PRIORITY)

@@ -3,8 +3,20 @@
 from toolkit.core.hookspecs import hookimpl
 from toolkit.core.names import HFNameMap
 
-from .checkpoint import FORMAT, BnbCheckpoint
-from .loader import BnbLoader
+from .loader import FORMAT, BnbLoader
+
+_LAZY = {"BnbCheckpoint": ".checkpoint"}
+
+
+def __getattr__(name: str):
+    """The names in ``_LAZY``, imported on first use: registration needs only the loader and the
+    name map, so a load of another format never imports this format's reader and writer."""
+    if name in _LAZY:
+        import importlib  # noqa: PLC0415
+
+        return getattr(importlib.import_module(_LAZY[name], __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = ["BnbCheckpoint", "BnbLoader"]
 

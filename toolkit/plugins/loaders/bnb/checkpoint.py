@@ -17,7 +17,7 @@ from toolkit.core.errors import CheckpointError
 from toolkit.plugins.loaders.safetensors.checkpoint import HFCheckpoint
 from toolkit.plugins.quant.bnb import Bnb4bitTensor, Bnb8bitTensor
 
-FORMAT = "bnb"
+from .loader import FORMAT
 STAT_SUFFIXES = (".weight.absmax", ".weight.quant_map", ".weight.nested_absmax", ".weight.nested_quant_map")
 STATE_MARK = ".weight.quant_state."
 INT8_SUFFIXES = {".weight.SCB": "SCB", ".SCB": "SCB", ".weight_format": "weight_format"}

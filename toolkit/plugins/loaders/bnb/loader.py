@@ -7,9 +7,10 @@ from pathlib import Path
 
 from toolkit.core.checkpoint import Source
 from toolkit.core.errors import SourceError
-from toolkit.plugins.loaders.safetensors.checkpoint import has_weights
+from toolkit.plugins.loaders.safetensors.files import has_weights
 
-from .checkpoint import BnbCheckpoint
+FORMAT = "bnb"  # the checkpoint's format: the key of its name map
+# BnbCheckpoint (safetensors, the bnb scheme's tensors) is imported by open(), not at registration
 
 CONFIDENCE = 0.9  # above the generic safetensors reader (0.5), which would not group the statistics
 
@@ -28,7 +29,9 @@ class BnbLoader:
         quant = config.get("quantization_config") if isinstance(config, dict) else None
         return CONFIDENCE if isinstance(quant, dict) and quant.get("quant_method") == "bitsandbytes" else None
 
-    def open(self, source: Source, load_config) -> BnbCheckpoint:
+    def open(self, source: Source, load_config) -> "BnbCheckpoint":
+        from .checkpoint import BnbCheckpoint  # noqa: PLC0415
+
         folder = _folder(source)
         if not (folder / "config.json").exists():
             raise SourceError(f"{folder} has no config.json")

@@ -16,15 +16,12 @@ from safetensors import SafetensorError, safe_open
 from toolkit.core.checkpoint import CheckpointSummary, TensorInfo
 from toolkit.core.errors import CorruptFileError, SourceError
 
-from .files import BIN_INDEX, INDEX, load_bin, read_index, read_json_object
+from .files import BIN_INDEX, INDEX, has_weights, load_bin, read_index, read_json_object
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json")
 
 
-def has_weights(folder: Path) -> bool:
-    """Whether ``folder`` looks like it holds HF weights (for ``detect``; ``open`` checks them)."""
-    return any((folder / index).is_file() for index in (INDEX, BIN_INDEX)) or \
-        any(folder.glob("*.safetensors")) or any(folder.glob("pytorch_model*.bin"))
+__all__ = ["HFCheckpoint", "has_weights"]
 
 
 def weight_map(folder: Path) -> tuple[Path | None, dict[str, Path] | None]:

@@ -27,6 +27,12 @@ BIN_INDEX = "pytorch_model.bin.index.json"
 MAX_JSON_BYTES = 64 << 20  # an index of a 10k-tensor model is ~1 MB; a config a few KB
 
 
+def has_weights(folder: Path) -> bool:
+    """Whether ``folder`` looks like it holds HF weights (for ``detect``; ``open`` checks them)."""
+    return any((folder / index).is_file() for index in (INDEX, BIN_INDEX)) or \
+        any(folder.glob("*.safetensors")) or any(folder.glob("pytorch_model*.bin"))
+
+
 def read_json_object(path: Path) -> dict:
     """The JSON object in ``path``; CorruptFileError for unreadable, non-UTF-8, invalid or non-object JSON."""
     try:

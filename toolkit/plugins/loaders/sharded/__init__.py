@@ -8,11 +8,22 @@ protocol (``stored_state()`` / ``load_stored()``, see ``toolkit.core.params``).
 """
 from toolkit.core.hookspecs import hookimpl
 
-from .checkpoint import ShardedCheckpoint
 from .errors import ChecksumMismatchError, TensorParallelMismatchError
 from .loader import ShardedLoader
 from .stored import StoredNameMap
-from .writer import ShardedSaveOptions
+
+_LAZY = {"ShardedCheckpoint": ".checkpoint", "ShardedSaveOptions": ".writer"}
+
+
+def __getattr__(name: str):
+    """The names in ``_LAZY``, imported on first use: registration needs only the loader and the
+    name map, so a load of another format never imports this format's reader and writer."""
+    if name in _LAZY:
+        import importlib  # noqa: PLC0415
+
+        return getattr(importlib.import_module(_LAZY[name], __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = ["ChecksumMismatchError", "ShardedCheckpoint", "ShardedLoader", "ShardedSaveOptions",
            "TensorParallelMismatchError"]

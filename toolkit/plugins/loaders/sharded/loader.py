@@ -7,9 +7,11 @@ from typing import Any
 from toolkit.core.checkpoint import Source
 
 from . import manifest
-from .checkpoint import ShardedCheckpoint
 from .options import resolve_options
-from .writer import MANIFEST, TAG, ShardedSaveOptions, save_rank
+from .tags import MANIFEST, TAG
+
+# The reader and the writer (safetensors, staging) are imported by open() / save(), not at
+# registration: detect() runs on every load of every format.
 
 
 def state_folder(source: Source) -> Path:
@@ -33,11 +35,15 @@ class ShardedLoader:
     def detect(self, source: Source) -> float | None:
         return 1.0 if manifest.find(state_folder(source), MANIFEST, TAG) else None
 
-    def open(self, source: Source, load_config) -> ShardedCheckpoint:
+    def open(self, source: Source, load_config) -> "ShardedCheckpoint":
+        from .checkpoint import ShardedCheckpoint  # noqa: PLC0415
+
         return ShardedCheckpoint(state_folder(source), tp_rank=load_config.tp_rank, tp_size=load_config.tp_size)
 
     def save(self, loaded_model, dest, options=None) -> dict[str, Any]:
         """Write each rank's parameters as stored (see writer.py); options: ShardedSaveOptions or a mapping."""
+        from .writer import ShardedSaveOptions, save_rank  # noqa: PLC0415
+
         return save_everywhere(save_rank, loaded_model, dest, resolve_options(ShardedSaveOptions, options))
 
     def quant_for_target(self, kind: str | None) -> str | None:

@@ -17,8 +17,7 @@ from safetensors.torch import save_file
 from .rank_save import save_rank_state
 from .stored import StoredTensor, dtype_name, iter_stored, sha256
 
-MANIFEST = "toolkit-sharded.json"
-TAG = "toolkit-sharded-state"
+from .tags import MANIFEST, TAG
 
 
 @dataclass(frozen=True)

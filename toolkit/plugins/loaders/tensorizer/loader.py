@@ -8,9 +8,11 @@ from toolkit.plugins.loaders.sharded import manifest
 from toolkit.plugins.loaders.sharded.loader import save_everywhere, state_folder
 from toolkit.plugins.loaders.sharded.options import resolve_options
 
-from .checkpoint import TensorizerCheckpoint
 from .crypt import Key, key_from_environment, verify_from_environment
-from .writer import MANIFEST, TAG, TensorizerSaveOptions, save_rank
+from .tags import MANIFEST, TAG
+
+# The reader and the writer are imported by open() / save(), not at registration: detect() runs
+# on every load of every format.
 
 
 class TensorizerLoader:
@@ -25,7 +27,9 @@ class TensorizerLoader:
     def detect(self, source: Source) -> float | None:
         return 1.0 if manifest.find(state_folder(source), MANIFEST, TAG) else None
 
-    def open(self, source: Source, load_config) -> TensorizerCheckpoint:
+    def open(self, source: Source, load_config) -> "TensorizerCheckpoint":
+        from .checkpoint import TensorizerCheckpoint  # noqa: PLC0415
+
         key = self.key if self.key is not None else key_from_environment()
         verify = self.verify_hash if self.verify_hash is not None else verify_from_environment()
         return TensorizerCheckpoint(state_folder(source), tp_rank=load_config.tp_rank, tp_size=load_config.tp_size,
@@ -33,6 +37,8 @@ class TensorizerLoader:
 
     def save(self, loaded_model, dest, options=None) -> dict[str, Any]:
         """Serialize each rank's parameters as stored; options: TensorizerSaveOptions or a mapping."""
+        from .writer import TensorizerSaveOptions, save_rank  # noqa: PLC0415
+
         return save_everywhere(save_rank, loaded_model, dest, resolve_options(TensorizerSaveOptions, options))
 
     def quant_for_target(self, kind: str | None) -> str | None:

@@ -18,8 +18,7 @@ from toolkit.plugins.loaders.sharded.stored import dtype_name, iter_stored
 
 from .crypt import Key, encryption_params
 
-MANIFEST = "toolkit-tensorizer.json"
-TAG = "toolkit-tensorizer-state"
+from .tags import MANIFEST, TAG
 
 
 @dataclass(frozen=True)

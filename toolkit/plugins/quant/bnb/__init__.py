@@ -10,15 +10,17 @@ tensor-parallel worker included, registers this plugin whether or not it uses it
 """
 from toolkit.core.hookspecs import hookimpl
 
+from .factory import BnbFactory
 from .kernels import register_ops
-from .scheme import Bnb4bitScheme, Bnb8bitScheme, BnbFactory
-from .tensors import Bnb4bitTensor, Bnb8bitTensor
 
-_LAZY = {"Bnb4bitParameter": "params4", "Bnb8bitParameter": "params8"}
+# Imported on first access: the parameter classes (they import bitsandbytes), and the schemes and
+# tensor types, which a load that does not use bnb never needs.
+_LAZY = {"Bnb4bitParameter": "params4", "Bnb8bitParameter": "params8", "Bnb4bitScheme": "scheme",
+         "Bnb8bitScheme": "scheme", "Bnb4bitTensor": "tensors", "Bnb8bitTensor": "tensors"}
 
 
 def __getattr__(name: str):
-    """The parameter classes, imported (with bitsandbytes) on first access."""
+    """The names in ``_LAZY``, imported on first access."""
     if name in _LAZY:
         import importlib  # noqa: PLC0415
 

@@ -18,12 +18,11 @@ from toolkit.kernels.bnb import SMALL_BATCH_MAX_TOKENS
 
 from . import experts
 from .dense import DenseScheme
+from .factory import CHECKPOINT_SCHEME, SPEC_NAMES, BnbFactory  # noqa: F401 - BnbFactory: its old home
 from .layout import Layout
 from .notes import NoteLog
-from .options import FourBitOptions, Int8Options, from_quantization_config, parse_spec
+from .options import FourBitOptions, Int8Options
 
-CHECKPOINT_SCHEME = "bnb"
-SPEC_NAMES = ("bnb-nf4", "bnb-fp4", "bnb-int8")
 
 
 class _BnbScheme:
@@ -146,19 +145,8 @@ class Bnb8bitScheme(_BnbScheme):
                 "llm_int8_skip_modules": list(self.options.skip_modules) or None}
 
 
-class BnbFactory:
-    """Registered under ``bnb`` (pre-quantized checkpoints) and the on-the-fly spec names."""
-
-    names = (CHECKPOINT_SCHEME, *SPEC_NAMES)
-
-    def from_checkpoint(self, quant_metadata, *, params_dtype: torch.dtype):
-        return _make(from_quantization_config(quant_metadata), params_dtype, prequantized=True)
-
-    def from_spec(self, spec: str, *, params_dtype: torch.dtype):
-        return _make(parse_spec(spec), params_dtype, prequantized=False)
-
-
-def _make(options, params_dtype: torch.dtype, *, prequantized: bool):
+def make_scheme(options, params_dtype: torch.dtype, *, prequantized: bool):
+    """The 4-bit or int8 scheme for ``options``."""
     scheme = Bnb8bitScheme if isinstance(options, Int8Options) else Bnb4bitScheme
     return scheme(options, params_dtype, prequantized=prequantized)
 
@@ -170,8 +158,13 @@ def _is_skipped(prefix: str, patterns: tuple[str, ...]) -> bool:
 
 
 def _has_cuda_kernel(op_name: str) -> bool:
-    """Whether a CUDA implementation of ``op_name`` is registered (beyond the any-device reference)."""
-    return any(impl.device == "cuda" for impl in runtime.candidates(op_name, "cuda"))
+    """Whether a CUDA implementation of ``op_name`` is registered (beyond the any-device reference)
+    and importable: a lazily imported kernel is imported here (the engine asks before it runs it)."""
+    def usable(impl) -> bool:
+        materialize = getattr(impl.fn, "materialize", None)
+        return materialize is None or materialize() is not None
+
+    return any(impl.device == "cuda" and usable(impl) for impl in runtime.candidates(op_name, "cuda"))
 
 
 def _dtype_name(dtype: torch.dtype) -> str:

@@ -1,0 +1,72 @@
+"""What ``toolkit.load`` of a GGUF file imports, in a fresh process.
+
+Imports are most of the load's time beyond the real work (bench/bench_load_phases.py): a GGUF
+load must not import other formats' readers and writers, the bnb schemes, the batching engine,
+transformers, or (on CUDA) Triton and the Triton kernel modules, which register as stand-ins and
+load on the first kernel call.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from gguf import GGMLQuantizationType as Q
+
+from gguf_fixtures import Spec, write_model
+
+WORKER = r"""
+import json, sys
+import torch
+import toolkit
+path, device = sys.argv[1], sys.argv[2]
+before = set(sys.modules)
+loaded = toolkit.load(path, device=device)
+during = sorted(set(sys.modules) - before)
+after = None
+if device == "cuda":  # one token: the first kernel calls import the Triton kernels
+    loaded.generate(loaded.tokenizer.encode("Hello"), max_new_tokens=1)
+    after = sorted(set(sys.modules) - before)
+print(json.dumps({"during": during, "after": after, "phases": list(loaded.report.phases)}))
+"""
+
+# Never imported by a GGUF load (top-level packages, and toolkit modules of other plugins)
+NOT_DURING = ("transformers", "safetensors", "bitsandbytes", "triton", "typer", "jinja2",
+              "toolkit.core.engine", "toolkit.plugins.loaders.safetensors.checkpoint",
+              "toolkit.plugins.loaders.safetensors.writer", "toolkit.plugins.loaders.sharded.checkpoint",
+              "toolkit.plugins.loaders.sharded.writer", "toolkit.plugins.loaders.tensorizer.checkpoint",
+              "toolkit.plugins.loaders.bnb.checkpoint", "toolkit.plugins.quant.bnb.scheme",
+              "toolkit.kernels.gguf.triton_ops", "toolkit.kernels.attention.ops", "toolkit.kernels.fused.ops")
+
+
+def _load_in_fresh_process(path, device: str) -> dict:
+    done = subprocess.run([sys.executable, "-c", WORKER, str(path), device], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def q8_model(tmp_path_factory):
+    return write_model(tmp_path_factory.mktemp("imports") / "tiny-q8.gguf", Spec(qtype=Q.Q8_0))
+
+
+def _imported(modules: list[str], name: str) -> bool:
+    return name in modules or any(m.startswith(name + ".") for m in modules)
+
+
+def test_a_cpu_gguf_load_imports_only_what_it_uses(q8_model):
+    result = _load_in_fresh_process(q8_model, "cpu")
+    assert _imported(result["during"], "gguf") and _imported(result["during"], "tokenizers")  # the check can see
+    wrongly = [name for name in NOT_DURING if _imported(result["during"], name)]
+    assert not wrongly, wrongly
+    assert result["phases"][0] == "plugins"  # registry discovery is timed as its own phase
+
+
+@pytest.mark.gpu
+def test_a_cuda_gguf_load_leaves_triton_to_the_first_kernel_call(q8_model):
+    result = _load_in_fresh_process(q8_model, "cuda")
+    wrongly = [name for name in NOT_DURING if _imported(result["during"], name)]
+    assert not wrongly, wrongly
+    assert _imported(result["after"], "triton") and "toolkit.kernels.gguf.triton_ops" in result["after"]

@@ -1,0 +1,4 @@
+"""The tensorizer state's manifest file name and format tag (what ``detect`` looks for), apart
+from the writer so that detecting needs neither it nor the reader."""
+MANIFEST = "toolkit-tensorizer.json"
+TAG = "toolkit-tensorizer-state"
