@@ -35,7 +35,7 @@ from tokenizers import Tokenizer
 from tokenizers.models import BPE
 
 BYTE_TOKENS = frozenset(f"<0x{byte:02X}>" for byte in range(256))  # what ``byte_fallback`` looks up
-MIN_SAVED = 8192  # a length whose pieces have fewer cuts beyond one each keeps them all (its model would cost more)
+MIN_SAVED = 16384  # a length whose pieces have fewer cuts beyond one each keeps them all (its model would cost more)
 
 
 def applicable_merges(merges: list[tuple[str, str]], vocab: dict[str, int], *, min_saved: int | None = None,
