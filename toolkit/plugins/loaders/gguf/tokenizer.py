@@ -6,7 +6,8 @@ wrapped with the file's special tokens and chat template in a ``GGUFTokenizer``
 ``transformers.PreTrainedTokenizerFast`` when anything else is asked of it). The family follows ``tokenizer.ggml.model``, as in llama.cpp:
 
 * ``llama``: SentencePiece (Llama 2, Gemma 3): ``▁`` for spaces, byte fallback, pieces merged
-  best score first. Files rarely store merges, so they are derived from the scores (``merges.py``).
+  best score first. Files rarely store merges, so they are derived from the scores (``merges.py``),
+  keeping only those that can ever apply (``merge_pruning.py``).
 * ``gpt2`` (and ``gemma4``, ``whitespace``): BPE with the file's merges, the text split first by
   the regexes its ``tokenizer.ggml.pre`` names (``pretokenizers.py``); byte-level unless that
   pre-tokenizer keeps UTF-8 (SentencePiece-style vocabularies written as ``gpt2``).
