@@ -6,7 +6,8 @@ wrapped with the file's special tokens and chat template in a ``GGUFTokenizer``
 ``transformers.PreTrainedTokenizerFast`` when anything else is asked of it). The family follows ``tokenizer.ggml.model``, as in llama.cpp:
 
 * ``llama``: SentencePiece (Llama 2, Gemma 3): ``▁`` for spaces, byte fallback, pieces merged
-  best score first. Files rarely store merges, so they are derived from the scores (``merges.py``).
+  best score first. Files rarely store merges, so they are derived from the scores (``merges.py``),
+  keeping only those that can ever apply (``merge_pruning.py``).
 * ``gpt2`` (and ``gemma4``, ``whitespace``): BPE with the file's merges, the text split first by
   the regexes its ``tokenizer.ggml.pre`` names (``pretokenizers.py``); byte-level unless that
   pre-tokenizer keeps UTF-8 (SentencePiece-style vocabularies written as ``gpt2``).
@@ -24,6 +25,7 @@ import warnings
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, normalizers, pre_tokenizers
 from tokenizers.models import BPE
 
+from .merge_pruning import applicable_merges
 from .merges import sentencepiece_merges
 from .metadata import Metadata
 from .pretokenizers import CONTROL_TEXTS, GPT2, LLAMA3, PLAIN_END_MARKERS, QWEN2, PreTokenizer, pre_tokenizer_for
@@ -79,9 +81,12 @@ def _sentencepiece(metadata: Metadata, tokens: list[str]) -> Tokenizer:
     vocab = _vocab(tokens)
     unk_id = metadata.get("tokenizer.ggml.unknown_token_id")
     # byte fallback spells any character the vocabulary lacks, so the unk token is a formality
-    backend = Tokenizer(BPE(vocab=vocab, merges=_sentencepiece_merges(metadata, tokens, vocab),
-                            fuse_unk=True, byte_fallback=True, dropout=None,
-                            unk_token=tokens[unk_id] if unk_id is not None and unk_id < len(tokens) else None))
+    options = dict(fuse_unk=True, byte_fallback=True, dropout=None,
+                   unk_token=tokens[unk_id] if unk_id is not None and unk_id < len(tokens) else None)
+    # of the ~2 merges per piece, only the one each piece forms by can apply: the rest only cost
+    # every load of the cached tokenizer their reading (merge_pruning.py says why ids stay the same)
+    merges = applicable_merges(_sentencepiece_merges(metadata, tokens, vocab), vocab, **options)
+    backend = Tokenizer(BPE(vocab=vocab, merges=merges, **options))
     steps = [decoders.Replace(SPACE, " "), decoders.ByteFallback(), decoders.Fuse()]
     # llama.cpp: a leading space unless the file says otherwise; every space becomes "▁" before merging
     prefix = bool(metadata.get("tokenizer.ggml.add_space_prefix", True))

@@ -28,7 +28,7 @@ from tokenizers import Tokenizer
 from .metadata import Metadata
 
 # bump when the builder would produce a different tokenizer from the same metadata
-BUILDER_VERSION = "4"
+BUILDER_VERSION = "5"
 ENV = "TOOLKIT_TOKENIZER_CACHE"
 
 
