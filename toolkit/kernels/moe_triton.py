@@ -17,6 +17,7 @@ import triton
 import triton.language as tl
 
 from . import runtime
+from .triton_reduce import sum_middle
 
 DECODE_ROUTES = 64  # up to this many routes, one route per program (BM=1, no sorting)
 BM_GROUPED = 16
@@ -107,7 +108,7 @@ def run_moe(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
     hidden = runtime.call("gated_activation", gate_up, activation)   # one fused kernel on CUDA
     weights = topk_weights.reshape(-1).float().contiguous()
     down = matmul(hidden.contiguous(), "down", x.shape[-1], route, block_expert, weights, bm, top_k)
-    return down.view(tokens, top_k, -1).sum(dim=1, dtype=torch.float32).to(x.dtype)
+    return sum_middle(down.view(tokens, top_k, -1), x.dtype)              # float32, routes in order
 
 
 def fused_moe(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, topk_weights: torch.Tensor,

@@ -82,17 +82,22 @@ def _round(v):
 
 
 @triton.jit
-def quantize_activations_kernel(x_ptr, q_ptr, d_ptr, K, stride_x, BK: tl.constexpr):
+def quantize_activations_kernel(x_ptr, q_ptr, d_ptr, s_ptr, K, stride_x, BK: tl.constexpr, SUMS: tl.constexpr):
     """Program (token t, column tile): int8 blocks of 32, packed 4 to an int32 word, and their scales.
 
-    ``q[t, K / 4]`` int32 words (byte i of word w = column 4w + i), ``d[t, K / 32]`` float32."""
+    ``q[t, K / 4]`` int32 words (byte i of word w = column 4w + i), ``d[t, K / 32]`` float32; with
+    ``SUMS`` also ``s[t, K / 32] = d * sum(q)`` of each block (float32)."""
     t, kb = tl.program_id(0), tl.program_id(1)
     G: tl.constexpr = BK // 32
     cols = kb * BK + tl.arange(0, BK)
     x = tl.reshape(tl.load(x_ptr + t.to(tl.int64) * stride_x + cols).to(tl.float32), (G, 32))
     amax = tl.max(tl.abs(x), axis=1)
     inv = tl.where(amax > 0, 127.0 / amax, 0.0)
-    q = tl.reshape(_round(x * inv[:, None]) & 255, (G * 8, 4)) << (tl.arange(0, 4) * 8)[None, :]
+    rounded = _round(x * inv[:, None])                                          # [G, 32] in -127..127
+    if SUMS:
+        tl.store(s_ptr + t.to(tl.int64) * (K // 32) + kb * G + tl.arange(0, G),
+                 tl.sum(rounded, axis=1).to(tl.float32) * (amax / 127.0))
+    q = tl.reshape(rounded & 255, (G * 8, 4)) << (tl.arange(0, 4) * 8)[None, :]
     words = tl.sum(q, axis=1)                                     # the 4 bytes occupy disjoint bits
     tl.store(q_ptr + t.to(tl.int64) * (K // 4) + kb * (BK // 4) + tl.arange(0, BK // 4), words)
     tl.store(d_ptr + t.to(tl.int64) * (K // 32) + kb * G + tl.arange(0, G), amax / 127.0)

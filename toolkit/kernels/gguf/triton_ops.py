@@ -28,6 +28,7 @@ from .types import block_size, type_name, type_size
 from .triton_dp4a import STEP_AXES, gemv_kernel, quantize_activations_kernel
 from .triton_kernels import dequantize_kernel, matmul_kernel
 from .triton_mmq import MMQ_TYPES, mmq_kernel
+from ..triton_reduce import sum_splits
 
 # Scale sub-block per type: the tile width must be a multiple of it.
 SUB_BLOCK = {"Q4_0": 32, "Q4_1": 32, "Q5_0": 32, "Q5_1": 32, "Q8_0": 32, "IQ4_NL": 32,
@@ -222,17 +223,20 @@ def fused_matmul(x: torch.Tensor, data: torch.Tensor, qtype: int, cols: int, con
         x, data, out, _codebook(x.device), tokens, rows, cols // split, data.stride(0), x.stride(0),
         BM=config.bm, BN=config.bn, BK=bk, num_warps=config.num_warps, num_stages=config.num_stages,
         WORDS=words, **_type_args(qtype))
-    return out[0] if split == 1 else out.sum(0).to(x.dtype)
+    return out[0] if split == 1 else sum_splits(out, x.dtype)
 
 
-def quantize_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``x [T, K]`` -> int8 blocks of 32 packed 4 to an int32 ``[T, K / 4]``, float32 scales ``[T, K / 32]``."""
+def quantize_activations(x: torch.Tensor, sums: bool = False):
+    """``x [T, K]`` -> int8 blocks of 32 packed 4 to an int32 ``[T, K / 4]``, float32 scales ``[T, K / 32]``,
+    and with ``sums`` also ``d * sum(q)`` per block ``[T, K / 32]`` (float32; Q4_K's minimum term)."""
     tokens, cols = x.shape
     words = torch.empty(tokens, cols // 4, dtype=torch.int32, device=x.device)
     scales = torch.empty(tokens, cols // 32, dtype=torch.float32, device=x.device)
+    block_sums = torch.empty_like(scales) if sums else scales
     bk = _tile_width(cols, 512)
-    quantize_activations_kernel[(tokens, cols // bk)](x, words, scales, cols, x.stride(0), BK=bk)
-    return words, scales
+    quantize_activations_kernel[(tokens, cols // bk)](x, words, scales, block_sums, cols, x.stride(0), BK=bk,
+                                                      SUMS=sums)
+    return (words, scales, block_sums) if sums else (words, scales)
 
 
 def dp4a_matmul(x: torch.Tensor, data: torch.Tensor, qtype: int, cols: int,
@@ -255,7 +259,7 @@ def dp4a_matmul(x: torch.Tensor, data: torch.Tensor, qtype: int, cols: int,
                                    QTYPE=int(qtype), TS=type_size(qtype), BM=config.bm, BN=config.bn, BK=bk,
                                    AXES=STEP_AXES[int(qtype)], DP4A=_HARDWARE_DP4A,
                                    num_warps=config.num_warps, num_stages=config.num_stages)
-    return (out[0] if split == 1 else out.sum(0)).to(x.dtype)
+    return out[0] if split == 1 else sum_splits(out, x.dtype)
 
 
 def _dp4a_config(name: str, tokens: int) -> GemvConfig:
@@ -282,11 +286,9 @@ def mmq_matmul(x: torch.Tensor, data: torch.Tensor, qtype: int, cols: int, bm: i
     config = mmq_config(name, tokens)
     bn, num_warps = bn or config.bn, num_warps or config.num_warps
     num_stages = num_stages or config.num_stages
-    words, scales = quantize_activations(x)
+    words, scales, sums = quantize_activations(x, sums=True) if name == "Q4_K" else (*quantize_activations(x), None)
     quants = words.view(torch.int8)                                          # [T, cols], natural order
-    sums = scales
-    if name == "Q4_K":  # d * sum(q) per block, for the minimum term
-        sums = quants.view(tokens, cols // 32, 32).sum(-1, dtype=torch.int32).float() * scales
+    sums = scales if sums is None else sums                                  # read only for Q4_K
     bm = bm or max(16, min(64, triton.next_power_of_2(tokens)))
     grid_nm = (triton.cdiv(rows, bn), triton.cdiv(tokens, bm))
     block = MMQ_TYPES[name]
@@ -299,7 +301,7 @@ def mmq_matmul(x: torch.Tensor, data: torch.Tensor, qtype: int, cols: int, bm: i
         quants, scales, sums, data, out, tokens, rows, cols, cols // split, data.stride(0), out.stride(1),
         out.stride(0), QTYPE=int(qtype), TS=type_size(qtype), BM=bm, BN=bn, num_warps=num_warps,
         num_stages=num_stages)
-    return out[0] if split == 1 else out.sum(0).to(x.dtype)
+    return out[0] if split == 1 else sum_splits(out, x.dtype)
 
 
 def _mmq_split(tiles: int, programs_per_sm: int, device: torch.device) -> int:

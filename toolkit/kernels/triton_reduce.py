@@ -1,0 +1,41 @@
+"""One-launch sums of partial results on CUDA (Triton): ``out[m, n] = sum_s x[m, s, n]`` in float32,
+in the order s = 0, 1, ..., written in ``out``'s dtype.
+
+Why: a split-K matmul's partial sums and an MoE layer's per-route outputs were reduced with
+``torch.sum`` followed by a cast, two launches and a float32 round trip through memory each; in a
+batch-8 decode step of an 8B GGUF model those pairs took ~0.5 ms of ~9.4 ms of kernels.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def sum_middle_kernel(x_ptr, out_ptr, N, stride_m, stride_s, S: tl.constexpr, BN: tl.constexpr):
+    m, pid_n = tl.program_id(0), tl.program_id(1)
+    n = pid_n * BN + tl.arange(0, BN)
+    ok = n < N
+    row = x_ptr + m.to(tl.int64) * stride_m + n
+    acc = tl.zeros((BN,), dtype=tl.float32)
+    for s in tl.static_range(S):
+        acc += tl.load(row + s * stride_s, mask=ok, other=0.0).to(tl.float32)
+    tl.store(out_ptr + m.to(tl.int64) * N + n, acc.to(out_ptr.dtype.element_ty), mask=ok)
+
+
+def sum_middle(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``x [M, S, N]`` (last axis contiguous) -> ``[M, N]`` in ``dtype``: the float32 sum over S."""
+    rows, parts, cols = x.shape
+    assert x.stride(2) == 1, "the summed rows must be contiguous"
+    out = torch.empty(rows, cols, dtype=dtype, device=x.device)
+    if out.numel():
+        bn = min(1024, triton.next_power_of_2(cols))
+        sum_middle_kernel[(rows, triton.cdiv(cols, bn))](x, out, cols, x.stride(0), x.stride(1), S=parts, BN=bn,
+                                                          num_warps=4 if bn >= 512 else 1)
+    return out
+
+
+def sum_splits(partial: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``partial [S, T, N]`` (a split-K matmul's partial products) -> ``[T, N]`` in ``dtype``."""
+    return sum_middle(partial.permute(1, 0, 2), dtype)
