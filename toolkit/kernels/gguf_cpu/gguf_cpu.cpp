@@ -20,6 +20,7 @@
 #include "blocks.h"
 #include "fused.h"
 #include "gemm.h"
+#include "gemm_lanes.h"
 #include "pool.h"
 
 namespace gguf_cpu {
@@ -73,6 +74,20 @@ static int64_t pool_grain(int64_t cols, int64_t m) {
 }
 // Tuning hook (not called by toolkit).
 void set_pool_chunk(int64_t products) { pool_products = std::max<int64_t>(1, products); }
+// Prefill GEMM (gemm.h) chunks: ~2M weight-times-token products (~60 us on one core), claimed one at
+// a time on the help-first pool. The former at::parallel_for split the tiles into one static range
+// per thread, so the whole call waited for the slower thread: one woken late by its futex, or whose
+// core another process held for a timeslice. On the shared 2-core box that (not a thread-count
+// change) is what made the 2-thread prefill vary from run to run; see docs/benchmarks.md.
+static int64_t gemm_products = int64_t(1) << 21;
+static bool gemm_on_pool = true, gemm_lanes = true;
+static int64_t gemm_grain(int64_t cols, int64_t m, int64_t tile_rows) {  // in tiles
+    return std::max<int64_t>(1, gemm_products / std::max<int64_t>(tile_rows * cols * m, 1));
+}
+// Tuning / A-B hooks (not called by toolkit): chunk size, and the pool (true) or the static split.
+void set_gemm_chunk(int64_t products) { gemm_products = std::max<int64_t>(1, products); }
+void set_gemm_pool(bool on) { gemm_on_pool = on; }
+void set_gemm_lanes(bool on) { gemm_lanes = on; }
 // Rows per chunk when dequantizing a prefill tile: ~256K weights.
 static int64_t dequant_grain(int64_t cols) { return std::max<int64_t>(1, (int64_t(1) << 18) / std::max<int64_t>(cols, 1)); }
 
@@ -143,7 +158,7 @@ static void quantize_rows(const float* x, int64_t m, int64_t cols, int8_t* xq, f
 bool gemm(int64_t x_ptr, int64_t w_ptr, int64_t out_ptr, int64_t m, int64_t rows, int64_t cols, int64_t row_bytes,
           int qtype) {
 #if defined(__AVX2__) && defined(__FMA__)
-    GemmRowsFn rows_fn = gemm_for(qtype);
+    GemmRowsFn rows_fn = gemm_lanes ? lane_gemm_for(qtype) : gemm_for(qtype);
     if (!rows_fn) return false;
     const float* x = reinterpret_cast<const float*>(x_ptr);
     const uint8_t* w = reinterpret_cast<const uint8_t*>(w_ptr);
@@ -152,11 +167,15 @@ bool gemm(int64_t x_ptr, int64_t w_ptr, int64_t out_ptr, int64_t m, int64_t rows
     std::vector<int8_t> xq(m * cols);
     std::vector<float> xd(m * nsub), xsum(m * nsub);
     quantize_rows(x, m, cols, xq.data(), xd.data(), xsum.data());
-    const int64_t tiles = (rows + TILE_ROWS - 1) / TILE_ROWS;
-    at::parallel_for(0, tiles, std::max<int64_t>(1, grain_for(cols, m) / TILE_ROWS), [&](int64_t b, int64_t e) {
-        rows_fn(w, row_bytes, xq.data(), xd.data(), xsum.data(), out, m, rows, cols, b * TILE_ROWS,
-                std::min(rows, e * TILE_ROWS));
-    });
+    const int64_t tile_rows = gemm_lanes ? LANE_ROWS : TILE_ROWS, tiles = (rows + tile_rows - 1) / tile_rows;
+    const auto body = [&](int64_t b, int64_t e) {
+        rows_fn(w, row_bytes, xq.data(), xd.data(), xsum.data(), out, m, rows, cols, b * tile_rows,
+                std::min(rows, e * tile_rows));
+    };
+    if (gemm_on_pool)
+        pool_for(tiles, gemm_grain(cols, m, tile_rows), body);
+    else  // the former static split (A/B measurements only)
+        at::parallel_for(0, tiles, std::max<int64_t>(1, grain_for(cols, m) / tile_rows), body);
     return true;
 #else
     (void)x_ptr, (void)w_ptr, (void)out_ptr, (void)m, (void)rows, (void)cols, (void)row_bytes, (void)qtype;
@@ -264,6 +283,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
     module.def("dequantize", &gguf_cpu::dequantize, py::call_guard<py::gil_scoped_release>());
     module.def("set_min_chunk", &gguf_cpu::set_min_chunk);
     module.def("set_pool_chunk", &gguf_cpu::set_pool_chunk);
+    module.def("set_gemm_chunk", &gguf_cpu::set_gemm_chunk);
+    module.def("set_gemm_pool", &gguf_cpu::set_gemm_pool);
+    module.def("set_gemm_lanes", &gguf_cpu::set_gemm_lanes);
     module.def("pool_chunks", [] {
         auto& pool = gguf_cpu::HelpFirstPool::instance();
         return std::make_pair(pool.chunks_run(), pool.chunks_helped());
