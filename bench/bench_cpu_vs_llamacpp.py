@@ -48,13 +48,17 @@ def toolkit_speed(loaded, vocab: int) -> dict[str, float]:
     import torch
 
     ids = torch.randint(10, vocab - 10, (PROMPT,), generator=torch.Generator().manual_seed(0)).tolist()
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     loaded.generate(ids, max_new_tokens=1, stop_token_ids=())
     prefill = PROMPT / (time.perf_counter() - start)
+    # CPU seconds of all our threads: wall >> cpu / threads means waiting (a core held by another
+    # process, a late worker), not slower arithmetic
+    prefill_cpu = time.process_time() - cpu
+    prefill_threads = torch.get_num_threads()  # the count the prefill ran with (nothing may change it)
     start = time.perf_counter()
     produced = loaded.generate(ids[:1], max_new_tokens=GENERATE, stop_token_ids=())
     decode = len(produced) / (time.perf_counter() - start)
-    return {"prefill": prefill, "decode": decode}
+    return {"prefill": prefill, "decode": decode, "prefill_cpu": prefill_cpu, "threads": prefill_threads}
 
 
 def quantize_times(binary: Path, source: str, qtype: str, threads: int) -> tuple[float, float]:
@@ -134,7 +138,12 @@ def main() -> None:
     import torch
     from toolkit.plugins.loaders.gguf.loader import demo_model_path
 
+    from toolkit.core import threads
+
     torch.set_num_threads(args.threads)
+    # --threads pins the count: the free-core fitting (toolkit/core/threads.py) is for the command
+    # line and opt-in library callers; a bench comparing fixed thread counts must not use it
+    threads.enable(False)
     model = args.model or str(demo_model_path())
     print(f"machine: {machine()}\nmodel: {model}\nthreads: {args.threads}, rounds: {args.rounds}", flush=True)
     loaded = toolkit.load(model, device="cpu")
@@ -145,10 +154,12 @@ def main() -> None:
     for round_ in range(args.rounds):
         for key, value in llama_bench(args.llama_bin, model, args.threads).items():
             theirs[key].append(value)
-        for key, value in toolkit_speed(loaded, vocab).items():
-            ours[key].append(value)
+        speed = toolkit_speed(loaded, vocab)
+        for key in ours:
+            ours[key].append(speed[key])
         print(f"round {round_ + 1}: llama.cpp {theirs['decode'][-1]:.1f} / {theirs['prefill'][-1]:.1f}, toolkit "
-              f"{ours['decode'][-1]:.2f} / {ours['prefill'][-1]:.1f} tok/s (decode / prefill), "
+              f"{ours['decode'][-1]:.2f} / {ours['prefill'][-1]:.1f} tok/s (decode / prefill; prefill on "
+              f"{speed['threads']} threads, {speed['prefill_cpu'] * 1e3:.0f} ms CPU), "
               f"load average {os.getloadavg()[0]:.1f}", flush=True)
     print(f"\n| phase | llama.cpp tok/s best / median | toolkit tok/s best / median | ratio (median) |")
     print("|---|---|---|---|")

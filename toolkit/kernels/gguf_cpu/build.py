@@ -26,7 +26,7 @@ from ...core.openmp import passive_waiting
 
 HERE = Path(__file__).parent
 SOURCES = [HERE / "gguf_cpu.cpp"]
-HEADERS = [HERE / "blocks.h", HERE / "fused.h", HERE / "gemm.h", HERE / "gemm_lanes.h", HERE / "pool.h"]
+HEADERS = [HERE / "blocks.h", HERE / "fused.h", HERE / "gemm.h", HERE / "pool.h"]
 CFLAGS = ["-O3", "-march=native", "-fno-math-errno"]
 
 
