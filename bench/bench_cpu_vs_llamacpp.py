@@ -10,7 +10,10 @@ best and the median of the rounds and the ratio toolkit / llama.cpp (targets fro
 decode >= 0.5, prefill >= 1, quantization time <= 1x llama-quantize's).
 
 * prefill: llama-bench ``-p 128`` vs ``generate()`` of one token after a 128-token prompt (tokens/s
-  of the prompt; like llama-bench, only the last position's logits are computed);
+  of the prompt; like llama-bench, only the last position's logits are computed). llama-bench
+  times a prompt run that follows an untimed warm-up run in the same process; toolkit's timed
+  prefill likewise follows an untimed one each round (``--no-round-warmup`` times the first one
+  after the llama-bench child instead; each round's line prints both);
 * decode: llama-bench ``-n 32`` vs ``generate()`` of 32 tokens after a one-token prompt;
 * kernels: the CPU ``gguf_matmul`` for one token (a decode GEMV) on one tensor of each
   quantization type in the file, in GB/s of packed weights read, next to the torch
@@ -44,17 +47,27 @@ def llama_bench(binary: Path, model: str, threads: int) -> dict[str, float]:
             "decode": next(r["avg_ts"] for r in rows if r["n_gen"] == GENERATE and r["n_prompt"] == 0)}
 
 
-def toolkit_speed(loaded, vocab: int) -> dict[str, float]:
+def toolkit_speed(loaded, vocab: int, warm_up: bool = True) -> dict[str, float]:
     import torch
 
     ids = torch.randint(10, vocab - 10, (PROMPT,), generator=torch.Generator().manual_seed(0)).tolist()
-    start = time.perf_counter()
+    first = None
+    if warm_up:  # like llama-bench, whose timed prompt run follows an untimed one in the same process
+        start = time.perf_counter()
+        loaded.generate(ids, max_new_tokens=1, stop_token_ids=())
+        first = PROMPT / (time.perf_counter() - start)  # right after the llama-bench child: printed, not scored
+    start, cpu = time.perf_counter(), time.process_time()
     loaded.generate(ids, max_new_tokens=1, stop_token_ids=())
     prefill = PROMPT / (time.perf_counter() - start)
+    # CPU seconds of all our threads: wall >> cpu / threads means waiting (a core held by another
+    # process, a late worker), not slower arithmetic
+    prefill_cpu = time.process_time() - cpu
+    prefill_threads = torch.get_num_threads()  # the count the prefill ran with (nothing may change it)
     start = time.perf_counter()
     produced = loaded.generate(ids[:1], max_new_tokens=GENERATE, stop_token_ids=())
     decode = len(produced) / (time.perf_counter() - start)
-    return {"prefill": prefill, "decode": decode}
+    return {"prefill": prefill, "decode": decode, "prefill_cpu": prefill_cpu, "threads": prefill_threads,
+            "first_prefill": first}
 
 
 def quantize_times(binary: Path, source: str, qtype: str, threads: int) -> tuple[float, float]:
@@ -125,6 +138,8 @@ def main() -> None:
     parser.add_argument("--types", default="Q8_0,Q4_K_M,Q6_K")
     parser.add_argument("--no-kernels", action="store_true", help="skip the per-type kernel table")
     parser.add_argument("--quantize-only", action="store_true", help="only the quantization table")
+    parser.add_argument("--no-round-warmup", action="store_true",
+                        help="time toolkit's first prefill after each llama-bench child (no untimed one first)")
     args = parser.parse_args()
     if args.quantize_only:
         print(f"machine: {machine()}\nthreads: {args.threads}, rounds: {args.rounds}", flush=True)
@@ -134,21 +149,33 @@ def main() -> None:
     import torch
     from toolkit.plugins.loaders.gguf.loader import demo_model_path
 
+    from toolkit.core import threads
+
     torch.set_num_threads(args.threads)
+    # --threads pins the count: the free-core fitting (toolkit/core/threads.py) is for the command
+    # line and opt-in library callers; a bench comparing fixed thread counts must not use it
+    threads.enable(False)
     model = args.model or str(demo_model_path())
     print(f"machine: {machine()}\nmodel: {model}\nthreads: {args.threads}, rounds: {args.rounds}", flush=True)
     loaded = toolkit.load(model, device="cpu")
     vocab = loaded.config.vocab_size
     theirs: dict[str, list[float]] = {"prefill": [], "decode": []}
     ours: dict[str, list[float]] = {"prefill": [], "decode": []}
-    toolkit_speed(loaded, vocab)  # warm-up (first-call allocations, kernel selection)
+    firsts: list[float] = []
+    toolkit_speed(loaded, vocab, warm_up=False)  # warm-up (first-call allocations, kernel selection)
     for round_ in range(args.rounds):
         for key, value in llama_bench(args.llama_bin, model, args.threads).items():
             theirs[key].append(value)
-        for key, value in toolkit_speed(loaded, vocab).items():
-            ours[key].append(value)
+        speed = toolkit_speed(loaded, vocab, warm_up=not args.no_round_warmup)
+        for key in ours:
+            ours[key].append(speed[key])
+        first = ""
+        if speed["first_prefill"]:
+            firsts.append(speed["first_prefill"])
+            first = f", untimed first prefill {speed['first_prefill']:.1f} tok/s"
         print(f"round {round_ + 1}: llama.cpp {theirs['decode'][-1]:.1f} / {theirs['prefill'][-1]:.1f}, toolkit "
-              f"{ours['decode'][-1]:.2f} / {ours['prefill'][-1]:.1f} tok/s (decode / prefill), "
+              f"{ours['decode'][-1]:.2f} / {ours['prefill'][-1]:.1f} tok/s (decode / prefill; prefill on "
+              f"{speed['threads']} threads, {speed['prefill_cpu'] * 1e3:.0f} ms CPU{first}), "
               f"load average {os.getloadavg()[0]:.1f}", flush=True)
     print(f"\n| phase | llama.cpp tok/s best / median | toolkit tok/s best / median | ratio (median) |")
     print("|---|---|---|---|")
@@ -156,6 +183,10 @@ def main() -> None:
         t, o = theirs[key], ours[key]
         print(f"| {key} | {max(t):.1f} / {statistics.median(t):.1f} | {max(o):.1f} / {statistics.median(o):.1f} | "
               f"{statistics.median(o) / statistics.median(t):.3f} |")
+    if firsts:  # shown, not scored: what the interleaving costs the first prefill after a child
+        t = theirs["prefill"]
+        print(f"| prefill, toolkit's first after the child | {max(t):.1f} / {statistics.median(t):.1f} | "
+              f"{max(firsts):.1f} / {statistics.median(firsts):.1f} | {statistics.median(firsts) / statistics.median(t):.3f} |")
     if not args.no_kernels:
         print(f"\n| type | tensor (op) | compiled GB/s | torch path GB/s | speed-up |\n|---|---|---|---|---|")
         for name, label, ours_gbs, torch_gbs in kernel_speeds(model):

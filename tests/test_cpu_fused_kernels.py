@@ -122,3 +122,17 @@ def test_registered_for_cpu_and_declines_other_dtypes():
     assert runtime.resolve("gated_activation", torch.randn(2, 8), "relu2") is reference.gated_activation
     positions = torch.arange(2, dtype=torch.int32)  # the kernel reads int64 positions only
     assert runtime.resolve("rotary_qk", positions, x, x, torch.ones(4), 8, 8) is reference.rotary_qk
+
+
+def test_paged_attention_chunks_claimed_by_two_threads_match_reference():
+    """Two threads claim the (token, kv head) chunks from a shared counter, longest context first:
+    a 64-token prefill after a 30-token prefix and a second sequence give several chunks of both."""
+    k_cache, v_cache, meta = _cache_and_meta([94, 5], [64, 5], block_size=8, kv_heads=2, dim=256)
+    q = torch.randn(69, 8, 256, generator=torch.Generator().manual_seed(7))
+    previous = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        got = ops.paged_attention(q, k_cache, v_cache, meta, 256 ** -0.5, None, None)
+    finally:
+        torch.set_num_threads(previous)
+    torch.testing.assert_close(got, reference.paged_attention(q, k_cache, v_cache, meta, 256 ** -0.5, None, None), **TOL)

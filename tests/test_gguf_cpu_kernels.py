@@ -114,6 +114,7 @@ def test_int8_gemm_within_rounding_bound(name, monkeypatch):
     block = 256 if name.endswith("_K") else 32
     previous = torch.get_num_threads()
     torch.set_num_threads(2)
+    build.extension().set_gemm_chunk(1)  # one 8-row tile per chunk: both threads claim chunks of every matrix
     try:
         for rows, cols, tokens in [(7, block, 5), (33, 2 * block, 16), (5, 3 * block, 33), (67, block, 128)]:
             packed, weight = packed_and_oracle(name, rows, cols, rng)
@@ -129,6 +130,33 @@ def test_int8_gemm_within_rounding_bound(name, monkeypatch):
             assert bool((error > float_bound).any())  # the activations really were rounded
     finally:
         torch.set_num_threads(previous)
+        build.extension().set_gemm_chunk(1 << 21)
+
+
+# Packed bytes that decode to the largest |value| of each type, all of one sign (the fp16 and
+# K-quant scale fields left as random_blocks made them): (first byte, end byte, fill) per block.
+EXTREME_FILL = {"Q8_0": (2, 34, 0x80), "Q4_0": (2, 18, 0x00), "Q4_1": (4, 20, 0xFF), "Q5_0": (2, 22, 0x00),
+                "Q5_1": (4, 24, 0xFF), "Q4_K": (16, 144, 0xFF), "Q5_K": (16, 176, 0xFF), "Q6_K": (0, 192, 0x00)}
+
+
+@pytest.mark.parametrize("name", TYPES)
+def test_int8_gemm_extreme_values_do_not_overflow(name, monkeypatch):
+    """The GEMM adds several maddubs pair sums in int16 before widening (gemm.h, groups16): with
+    every weight at its type's largest magnitude and every activation at +127 after rounding, all
+    products share one sign and those sums reach their bound. gguf-py's dequantization is the oracle."""
+    monkeypatch.setattr(ops, "INT8_ACTIVATIONS", True)
+    if "avx2" not in build.extension().isa():
+        pytest.skip("no AVX2: many-token calls use the dequantized-tile float GEMM")
+    block = 256 if name.endswith("_K") else 32
+    rows, cols, tokens = 9, 2 * block, 6
+    packed = random_blocks(name, rows, cols, np.random.default_rng(60 + HANDLED[name]))
+    first, end, fill = EXTREME_FILL[name]
+    blocks = packed.reshape(rows * cols // block, -1)
+    blocks[:, first:end] = fill
+    weight = torch.from_numpy(np.ascontiguousarray(dequantize(packed, GGMLQuantizationType[name]), np.float32))
+    x = torch.full((tokens, cols), 0.5)  # every block's max: rounds to exactly 127
+    got = gguf_matmul_native(x, torch.from_numpy(packed), HANDLED[name], cols)
+    assert_matmul_close(got, x, weight)  # x is exact on the int8 grid here (x_hat == x)
 
 
 @pytest.mark.parametrize("name", TYPES)

@@ -12,6 +12,7 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -246,7 +247,7 @@ void paged_attention(int64_t q_ptr, int64_t kc_ptr, int64_t vc_ptr, int64_t out_
     // query head. An item reads ~2 * context * dim floats; chunks of at least ~2M of them, since
     // waking a sleeping OpenMP worker costs 100-200 us on a small shared machine.
     const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 21) / std::max<int64_t>(2 * longest * dim * groups, 1));
-    at::parallel_for(0, tokens * kv_heads, grain, [&](int64_t begin, int64_t end) {
+    const auto run_items = [&](int64_t begin, int64_t end) {
         std::vector<float> scores(groups * std::max<int64_t>(longest, 1));
         std::vector<const float*> rows(std::max<int64_t>(longest, 1));  // V row of each visible position
         int64_t s = 0;
@@ -316,6 +317,18 @@ void paged_attention(int64_t q_ptr, int64_t kc_ptr, int64_t vc_ptr, int64_t out_
                 for (int64_t j = 0; j < span; ++j)
                     for (int64_t d = i; d < dim; ++d) o[d] += weights[j] * rows[j][d];
             }
+        }
+    };
+    // A prompt's later tokens see more context (causal), so fixed halves of the items left the thread
+    // with the second half ~3x the work (2 threads: 25 -> 21 ms for a 128-token Gemma 3 prefill). The
+    // threads claim chunks from a shared counter instead, the longest-context chunks first.
+    const int64_t items = tokens * kv_heads, chunks = (items + grain - 1) / grain;
+    std::atomic<int64_t> next{0};
+    const int threads = static_cast<int>(std::min<int64_t>(at::get_num_threads(), chunks));
+    at::parallel_for(0, threads, 1, [&](int64_t, int64_t) {
+        for (int64_t c; (c = next.fetch_add(1)) < chunks;) {
+            const int64_t r = chunks - 1 - c;
+            run_items(r * grain, std::min(items, (r + 1) * grain));
         }
     });
 }

@@ -14,6 +14,7 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <vector>
 
@@ -73,6 +74,19 @@ static int64_t pool_grain(int64_t cols, int64_t m) {
 }
 // Tuning hook (not called by toolkit).
 void set_pool_chunk(int64_t products) { pool_products = std::max<int64_t>(1, products); }
+// Prefill GEMM (gemm.h) chunks: ~2M weight-times-token products (~40 us on one core), claimed one at
+// a time from a shared counter by the threads of one OpenMP region. The former split gave each
+// thread one fixed range of rows, so the call waited for the slower thread (one woken late, or
+// whose core another process held); now a thread that starts late just takes fewer chunks. The
+// help-first pool (pool.h) was measured too: its worker spins ~300 us after each job, which suits
+// decode's back-to-back GEMVs but here burned a core next to the norms and attention between
+// GEMMs (more CPU time, and slower under load).
+static int64_t gemm_products = int64_t(1) << 21;
+static int64_t gemm_grain(int64_t cols, int64_t m) {  // in tiles of LANE_ROWS rows
+    return std::max<int64_t>(1, gemm_products / std::max<int64_t>(int64_t(8) * cols * m, 1));
+}
+// Tuning hook (not called by toolkit; a test makes chunks small so two threads share a matrix).
+void set_gemm_chunk(int64_t products) { gemm_products = std::max<int64_t>(1, products); }
 // Rows per chunk when dequantizing a prefill tile: ~256K weights.
 static int64_t dequant_grain(int64_t cols) { return std::max<int64_t>(1, (int64_t(1) << 18) / std::max<int64_t>(cols, 1)); }
 
@@ -143,7 +157,7 @@ static void quantize_rows(const float* x, int64_t m, int64_t cols, int8_t* xq, f
 bool gemm(int64_t x_ptr, int64_t w_ptr, int64_t out_ptr, int64_t m, int64_t rows, int64_t cols, int64_t row_bytes,
           int qtype) {
 #if defined(__AVX2__) && defined(__FMA__)
-    GemmRowsFn rows_fn = gemm_for(qtype);
+    LaneRowsFn rows_fn = lane_gemm_for(qtype);
     if (!rows_fn) return false;
     const float* x = reinterpret_cast<const float*>(x_ptr);
     const uint8_t* w = reinterpret_cast<const uint8_t*>(w_ptr);
@@ -152,10 +166,14 @@ bool gemm(int64_t x_ptr, int64_t w_ptr, int64_t out_ptr, int64_t m, int64_t rows
     std::vector<int8_t> xq(m * cols);
     std::vector<float> xd(m * nsub), xsum(m * nsub);
     quantize_rows(x, m, cols, xq.data(), xd.data(), xsum.data());
-    const int64_t tiles = (rows + TILE_ROWS - 1) / TILE_ROWS;
-    at::parallel_for(0, tiles, std::max<int64_t>(1, grain_for(cols, m) / TILE_ROWS), [&](int64_t b, int64_t e) {
-        rows_fn(w, row_bytes, xq.data(), xd.data(), xsum.data(), out, m, rows, cols, b * TILE_ROWS,
-                std::min(rows, e * TILE_ROWS));
+    const int64_t tiles = (rows + LANE_ROWS - 1) / LANE_ROWS, grain = gemm_grain(cols, m);
+    const int64_t chunks = (tiles + grain - 1) / grain;
+    std::atomic<int64_t> next{0};
+    const int threads = static_cast<int>(std::min<int64_t>(at::get_num_threads(), chunks));
+    at::parallel_for(0, threads, 1, [&](int64_t, int64_t) {  // one index per thread; each claims chunks
+        for (int64_t c; (c = next.fetch_add(1)) < chunks;)
+            rows_fn(w, row_bytes, xq.data(), xd.data(), xsum.data(), out, m, rows, cols, c * grain * LANE_ROWS,
+                    std::min(rows, (c + 1) * grain * LANE_ROWS));
     });
     return true;
 #else
@@ -264,6 +282,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
     module.def("dequantize", &gguf_cpu::dequantize, py::call_guard<py::gil_scoped_release>());
     module.def("set_min_chunk", &gguf_cpu::set_min_chunk);
     module.def("set_pool_chunk", &gguf_cpu::set_pool_chunk);
+    module.def("set_gemm_chunk", &gguf_cpu::set_gemm_chunk);
     module.def("pool_chunks", [] {
         auto& pool = gguf_cpu::HelpFirstPool::instance();
         return std::make_pair(pool.chunks_run(), pool.chunks_helped());

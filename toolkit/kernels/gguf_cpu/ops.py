@@ -11,8 +11,9 @@ The weights stay in the file's packed bytes; nothing is repacked or kept dequant
   which always uses float32).
 - Many rows (prefill), AVX2 builds with 8-bit activations (the default): the int8 GEMM of
   ``gemm.h``. The activations are quantized once per call exactly as for the GEMV (same bytes,
-  same bound); each thread decodes its weight rows three at a time into an L1 buffer, once per
-  64 tokens, and a 3-row x 4-token micro-kernel does the integer products (maddubs/madd).
+  same bound); weight rows are decoded eight at a time into an L1 buffer, once per 64 tokens,
+  transposed so each 32-bit lane holds one row, and an 8-row x 4-token micro-kernel does the
+  integer products (maddubs/madd); the threads claim chunks of rows from a shared counter.
 - Many rows otherwise (no AVX2, ``TOOLKIT_GGUF_CPU_INT8=0`` or ``TOOLKIT_GGUF_CPU_GEMM=0``): rows
   of the weight are dequantized, ``TILE_ELEMENTS`` at a time, into a reused float32 tile, and
   multiplied with ``torch.matmul`` (MKL/oneDNN), so the arithmetic runs in an optimized GEMM and
