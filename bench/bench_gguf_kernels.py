@@ -102,6 +102,7 @@ def _all_variants(name: str, rows: int, cols: int, tokens: int, sweep: bool, cop
                         else triton_ops.SMALL_BATCH_CONFIG)
         out["float_kernel"] = each(lambda data, dense: triton_ops.fused_matmul(x, data, qtype, cols, float_config))
     if regime in ("small", "batch") and name in triton_ops.MMQ_TYPES:  # the int8 tensor-core kernel's tile shapes
+        out["mmq_default"] = each(lambda data, dense: triton_ops.mmq_matmul(x, data, qtype, cols))  # mmq_config's
         for bn, warps, split, stages in MMQ_COMPARE + (MMQ_SWEEP if sweep else []):
             out[f"mmq_n{bn}w{warps}s{split or 'auto'}p{stages}"] = each(
                 lambda data, dense, bn=bn, warps=warps, split=split, stages=stages: triton_ops.mmq_matmul(

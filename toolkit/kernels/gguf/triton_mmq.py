@@ -42,7 +42,8 @@ def mmq_kernel(xq_ptr, xd_ptr, xs_ptr, w_ptr, out_ptr, tokens, rows, cols, split
     """Program (row tile, token tile, K split): ``out[split, BM, BN] = x_hat @ W.T`` over its
     ``split_cols`` columns (whole blocks of the type).
 
-    ``xq [T, cols]`` int8, ``xd [T, cols / 32]`` float32 scales, ``xs [T, cols / 32]`` float32
+    ``xq [T, cols]`` int8 (for Q4_0 each block permuted: position 2i + h holds column i + 16h),
+    ``xd [T, cols / 32]`` float32 scales, ``xs [T, cols / 32]`` float32
     ``d * sum(q)`` per block (Q4_K's minimum term); ``w [rows, row bytes]`` packed."""
     pid_n, pid_m, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     n = pid_n * BN + tl.arange(0, BN)
@@ -57,9 +58,8 @@ def mmq_kernel(xq_ptr, xd_ptr, xs_ptr, w_ptr, out_ptr, tokens, rows, cols, split
     if QTYPE == Q4_0 or QTYPE == Q8_0:
         # The 2-aligned 18/34-byte blocks are read as uint16 words (byte loads would be twice the
         # instructions). Q4_0's element i is the low nibble of byte i (i < 16) or the high nibble of
-        # byte i - 16; its weights are kept in the order (byte, nibble), so x is read in that order too.
-        if QTYPE == Q4_0:
-            x_rows = xq_ptr + m.to(tl.int64)[:, None] * cols + (c // 2 + 16 * (c % 2))[None, :]
+        # byte i - 16; its weights are kept in the order (byte, nibble), and the caller passes x with
+        # each block in that order too (``mmq_matmul``: position 2i + h holds column i + 16h).
         first = pid_k * (split_cols // 32)
         for b in range(first, first + split_cols // 32):
             block = row + b * TS

@@ -7,7 +7,7 @@ Launch choices (measured by ``bench/bench_gguf_kernels.py --sweep``; see the con
 - ``T == 1`` (decode): for Q4_0, Q5_0, Q8_0, Q4_K, Q5_K, Q6_K the int8-activation dp4a GEMV
   (``triton_dp4a``; ``TOOLKIT_GGUF_DP4A=0`` turns it off); for the other types, and then, the
   float32 multiply-accumulate kernel (``BM=1``) on word-wise tiles.
-- ``2 <= T <= MMQ_MAX_TOKENS[type]`` (Q4_K and Q6_K: 16, Q8_0: 32): the int8 tensor-core kernel
+- ``2 <= T <= MMQ_MAX_TOKENS[type]`` (Q4_0, Q4_K and Q6_K: 16, Q8_0: 32): the int8 tensor-core kernel
   (``triton_mmq``, launches in ``mmq_config``); up to ``FUSED_MAX_TOKENS`` for the other types the
   fused ``tl.dot`` kernel with ``BM=16``.
 - larger ``T`` (prefill): Triton dequantize to x's dtype, then the dense matmul (cuBLAS): 3-4x
@@ -115,10 +115,12 @@ class MmqConfig:
 #   engine (side by side with llama.cpp, H100) batch 32 of the 1.5B Q4_K_M file fell from 7,382 to 5,729
 #   tok/s with them (8B: 2,063 -> 2,121), so Q4_K and Q6_K stop at 16 tokens; at T=64 dequantize +
 #   cuBLAS wins for every type;
-# - Q4_0 stays on the float kernel: its activations are read in a permuted order, and the int8 kernel won
-#   only at T=2 (59-66 against 73-105 us) and lost by T=16.
+# - Q4_0 first read its activations in a permuted order inside the kernel and won only at T=2; with the
+#   activations permuted once per call (``mmq_matmul``) it took 52-58 us against the float kernel's
+#   75-106 at 14336x4096 and 4096x14336, 26-36 against 33-41 at the 1.5B model's shapes (T = 2-16), and
+#   the 1.5B Q4_0 file's batch-8 decode went from 2,459 to 2,772 tok/s (medians of 3 alternations).
 MMQ_MIN_TOKENS = 2
-MMQ_MAX_TOKENS = {"Q4_K": 16, "Q6_K": 16, "Q8_0": 32}     # the types gguf_matmul sends to it, up to T
+MMQ_MAX_TOKENS = {"Q4_0": 16, "Q4_K": 16, "Q6_K": 16, "Q8_0": 32}     # the types gguf_matmul sends to it, up to T
 MMQ_SMALL = MmqConfig(bn=32, num_warps=2, num_stages=3, programs_per_sm=8)
 MMQ_SMALL_BY_TYPE = {"Q6_K": MmqConfig(bn=32, num_warps=4, num_stages=3, programs_per_sm=16)}
 MMQ_WIDE = MmqConfig(bn=64, num_warps=4, num_stages=3, programs_per_sm=2)      # 17-32 tokens
@@ -288,6 +290,8 @@ def mmq_matmul(x: torch.Tensor, data: torch.Tensor, qtype: int, cols: int, bm: i
     num_stages = num_stages or config.num_stages
     words, scales, sums = quantize_activations(x, sums=True) if name == "Q4_K" else (*quantize_activations(x), None)
     quants = words.view(torch.int8)                                          # [T, cols], natural order
+    if name == "Q4_0":  # the kernel's Q4_0 weight order within a block: position 2i + h is column i + 16h
+        quants = quants.view(tokens, cols // 32, 2, 16).transpose(2, 3).contiguous().view(tokens, cols)
     sums = scales if sums is None else sums                                  # read only for Q4_K
     bm = bm or max(16, min(64, triton.next_power_of_2(tokens)))
     grid_nm = (triton.cdiv(rows, bn), triton.cdiv(tokens, bm))
