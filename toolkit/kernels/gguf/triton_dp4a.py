@@ -219,6 +219,19 @@ def _q6k_step(w_ptr, row_off, k0, xq_rows, xd_rows, TS: tl.constexpr, BK: tl.con
 
 
 @triton.jit
+def gemv_step(w_ptr, row_off, k0, xq_rows, xd_rows, QTYPE: tl.constexpr, TS: tl.constexpr, BK: tl.constexpr,
+              DP4A: tl.constexpr):
+    """``[BM, BN]`` partial dot products of columns ``k0 .. k0 + BK`` for the rows at byte offsets
+    ``row_off [BN]`` and the tokens of ``xq_rows``/``xd_rows`` (``_axes``-shaped), by the type's step."""
+    if QTYPE == Q4_K or QTYPE == Q5_K:
+        return _q45k_step(w_ptr, row_off, k0, xq_rows, xd_rows, QTYPE, TS, BK, DP4A)
+    elif QTYPE == Q6_K:
+        return _q6k_step(w_ptr, row_off, k0, xq_rows, xd_rows, TS, BK, DP4A)
+    else:
+        return _legacy_step(w_ptr, row_off, k0, xq_rows, xd_rows, QTYPE, TS, BK, DP4A)
+
+
+@triton.jit
 def _axes(v, AXES: tl.constexpr):
     """``v [BM]`` with ``AXES - 1`` trailing unit axes (the step functions' token-axis shape)."""
     if AXES == 4:
@@ -247,12 +260,6 @@ def gemv_kernel(xq_ptr, xd_ptr, w_ptr, out_ptr, T, N, K, K_SPLIT, row_bytes,
     acc = tl.zeros((BM, BN), dtype=tl.float32)
     k_start = pid_k * K_SPLIT
     for k_step in range(0, K_SPLIT, BK):
-        k0 = k_start + k_step
-        if QTYPE == Q4_K or QTYPE == Q5_K:
-            acc += _q45k_step(w_ptr, row_off, k0, xq_rows, xd_rows, QTYPE, TS, BK, DP4A)
-        elif QTYPE == Q6_K:
-            acc += _q6k_step(w_ptr, row_off, k0, xq_rows, xd_rows, TS, BK, DP4A)
-        else:
-            acc += _legacy_step(w_ptr, row_off, k0, xq_rows, xd_rows, QTYPE, TS, BK, DP4A)
+        acc += gemv_step(w_ptr, row_off, k_start + k_step, xq_rows, xd_rows, QTYPE, TS, BK, DP4A)
     out = out_ptr + (pid_k * T + offs_m)[:, None].to(tl.int64) * N + offs_n[None, :]
     tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=(offs_m < T)[:, None] & (offs_n < N)[None, :])

@@ -8,10 +8,10 @@ import torch
 import triton
 import triton.language as tl
 
-from ..gguf.triton_dp4a import Q4_K, Q5_K, Q6_K, STEP_AXES, _axes, _legacy_step, _q45k_step, _q6k_step
+from ..gguf.triton_dp4a import STEP_AXES, _axes, gemv_step
 from ..gguf.triton_kernels import _weights_and_x
-from ..gguf.triton_ops import (_HARDWARE_DP4A, DP4A_STEP, WORD_GROUP, _codebook, _matmul_tile_width, _packed_ok,
-                               _tile_width, _type_args, dp4a_enabled, quantize_activations)
+from ..gguf.triton_ops import (_HARDWARE_DP4A, DP4A_STEP, WORD_GROUP, _codebook, _dp4a_ok, _matmul_tile_width,
+                               _packed_ok, _tile_width, _type_args, quantize_activations)
 from ..gguf.types import type_name, type_size
 from ..moe_triton import route_block, run_moe, store_routes
 from . import expert_shapes
@@ -69,12 +69,7 @@ def gguf_moe_dp4a_kernel(xq_ptr, xd_ptr, w_ptr, out_ptr, expert_ptr, weight_ptr,
     xd_rows = _axes(xd_ptr + x_row * (K // 32), AXES)
     acc = tl.zeros((1, BN), dtype=tl.float32)
     for k0 in range(0, K, BK):
-        if QTYPE == Q4_K or QTYPE == Q5_K:
-            acc += _q45k_step(w_ptr, row_off, k0, xq_rows, xd_rows, QTYPE, TS, BK, DP4A)
-        elif QTYPE == Q6_K:
-            acc += _q6k_step(w_ptr, row_off, k0, xq_rows, xd_rows, TS, BK, DP4A)
-        else:
-            acc += _legacy_step(w_ptr, row_off, k0, xq_rows, xd_rows, QTYPE, TS, BK, DP4A)
+        acc += gemv_step(w_ptr, row_off, k0, xq_rows, xd_rows, QTYPE, TS, BK, DP4A)
     if MUL_WEIGHT:
         acc *= tl.load(weight_ptr + route)
     tl.store(out_ptr + route.to(tl.int64) * N + offs_n[None, :], acc.to(out_ptr.dtype.element_ty),
@@ -84,12 +79,6 @@ def gguf_moe_dp4a_kernel(xq_ptr, xd_ptr, w_ptr, out_ptr, expert_ptr, weight_ptr,
 # One route per program on 8-bit activations (the dense decode GEMV's launch shape: one warp, one row,
 # whole-row steps); Q6_K, whose unpacking is longer, takes two rows per program as there.
 DP4A_ROUTE = {"default": (1, 2048, 1), "Q6_K": (2, 1024, 1)}   # BN, BK, warps
-
-
-def _dp4a_route_ok(data: torch.Tensor, qtype: int, cols: int) -> bool:
-    name = type_name(qtype)
-    return (name in DP4A_STEP and cols % DP4A_STEP[name] == 0 and dp4a_enabled()
-            and (name not in ("Q4_K", "Q5_K") or data.stride(0) % 4 == 0))
 
 
 def _dp4a_routes(a, data, qtype, cols_in, rows_out, expert_ids, weights, top_k, routes, per_route):
@@ -112,7 +101,7 @@ GROUPED = (64, 128, 4)  # BN, BK, warps for 16-route blocks (gguf_matmul's small
 
 def _grouped_matmul(x, a, data, qtype, cols_in, rows_out, route, block_expert, weights, bm, top_k, routes,
                     num_experts, per_route):
-    if bm == 1 and _dp4a_route_ok(data, qtype, cols_in):
+    if bm == 1 and _dp4a_ok(data, qtype, cols_in):   # the dense GEMV's conditions
         return _dp4a_routes(a, data, qtype, cols_in, rows_out, block_expert, weights, top_k, routes, per_route)
     bn, bk_wanted, warps = DECODE if bm == 1 else GROUPED
     if type_name(qtype) == "Q6_K" and bm == 1:
