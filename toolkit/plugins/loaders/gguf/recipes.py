@@ -5,7 +5,7 @@
 * A mixed recipe follows llama.cpp's ``llama_tensor_get_type`` for its file type: ``Q4_K_M``
   keeps the output head at Q6_K and ``attn_v``/``ffn_down`` at Q6_K on the layers llama.cpp's
   ``use_more_bits`` picks (the first and last eighth, and every third layer between). Checked
-  against llama.cpp's own Gemma 3 270M Q4_K_M file (tests/test_gguf_convert.py).
+  against llama.cpp's own Gemma 3 270M Q4_K_M file (tests/test_gguf_convert_recipes.py).
 * Overrides (glob on the Hugging Face or the GGUF name -> type) come first; first match wins.
 * 1-D tensors (norms, biases) are always F32, as llama.cpp keeps them.
 * A row length that is not a multiple of the type's block falls back as llama.cpp does
