@@ -13,14 +13,13 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import re
-import subprocess
 import sys
 
 import numpy as np
 import pytest
 import torch
 
+from triton_interpreter import rerun_in_fresh_process
 from toolkit.kernels import recurrent_reference as ref
 
 if importlib.util.find_spec("triton") is None:
@@ -45,12 +44,7 @@ if INTERPRETED:
 
 @pytest.mark.skipif(INTERPRETED, reason="this process runs the tests itself")
 def test_in_a_fresh_interpreter_process():
-    env = {**os.environ, "TRITON_INTERPRET": "1", "OMP_NUM_THREADS": "1"}
-    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__],
-                          capture_output=True, text=True, env=env, timeout=1200)
-    assert done.returncode == 0, done.stdout[-3000:]
-    summary = done.stdout.strip().splitlines()[-1]
-    assert re.fullmatch(r"\d+ passed, 1 skipped in .*", summary), done.stdout[-1000:]  # all but this one ran
+    rerun_in_fresh_process(__file__)
 
 
 def _bounds(lengths):

@@ -1,0 +1,22 @@
+"""Shared by the test files that run Triton kernels in Triton's interpreter on the CPU.
+
+The interpreter switch (``TRITON_INTERPRET=1``) is read when ``@triton.jit`` decorates, so a file
+whose process imported Triton compiled earlier (a run of several files) cannot interpret its
+kernels; it then reruns itself in a fresh process with the switch on (``rerun_in_fresh_process``).
+"""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+
+
+def rerun_in_fresh_process(path: str) -> None:
+    """Run the test file ``path`` with the interpreter on; every test but the one calling this must pass."""
+    env = {**os.environ, "TRITON_INTERPRET": "1", "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", path],
+                          capture_output=True, text=True, env=env, timeout=1200)
+    assert done.returncode == 0, done.stdout[-3000:]
+    summary = done.stdout.strip().splitlines()[-1]
+    assert re.fullmatch(r"\d+ passed, 1 skipped in .*", summary), done.stdout[-1000:]  # all but the caller ran
