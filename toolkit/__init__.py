@@ -13,19 +13,13 @@ _wait_passively_when_imported("torch")  # torch's OpenMP runtime reads its wait 
 
 from .core.errors import ToolkitError  # noqa: E402
 from .core.hookspecs import hookimpl  # noqa: E402
+from .core.lazy import lazy_attributes as _lazy_attributes  # noqa: E402
 
 _LAZY = {"load": "toolkit.core.api", "LLM": "toolkit.core.engine", "RequestOutput": "toolkit.core.engine",
          "SamplingParams": "toolkit.core.engine", "LoadedModel": "toolkit.core.loaded"}
 
 
-def __getattr__(name: str):
-    if name in _LAZY:
-        import importlib  # noqa: PLC0415
-
-        value = getattr(importlib.import_module(_LAZY[name]), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'toolkit' has no attribute {name!r}")
+__getattr__ = _lazy_attributes(__name__, _LAZY)
 
 
 def __dir__():

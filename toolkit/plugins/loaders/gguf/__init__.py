@@ -5,17 +5,13 @@ The classes below load on first use, so torch-free modules of this package (dire
 it reads) can be imported without the loader's torch-based ones.
 """
 from toolkit.core.hookspecs import hookimpl
+from toolkit.core.lazy import lazy_attributes
 
 __all__ = ["GGUFCheckpoint", "GGUFLoader", "GGUFNameMap", "GGUFTensor"]
 _LAZY = {"GGUFCheckpoint": ".checkpoint", "GGUFLoader": ".loader", "GGUFNameMap": ".names", "GGUFTensor": ".tensor"}
 
 
-def __getattr__(name: str):
-    if name in _LAZY:
-        import importlib  # noqa: PLC0415
-
-        return getattr(importlib.import_module(_LAZY[name], __name__), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_attributes(__name__, _LAZY)
 
 
 @hookimpl

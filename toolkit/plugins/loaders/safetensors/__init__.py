@@ -1,20 +1,16 @@
 """The default loader: Hugging Face directories of ``*.safetensors`` (or ``pytorch_model*.bin``)."""
 from toolkit.core.hookspecs import hookimpl
+from toolkit.core.lazy import lazy_attributes
 from toolkit.core.names import HFNameMap
 
 from .loader import SafetensorsLoader
 
+# Imported on first use: registration needs only the loader and the name map, so a load of another
+# format never imports this format's reader and writer.
 _LAZY = {"HFCheckpoint": ".checkpoint"}
 
 
-def __getattr__(name: str):
-    """The names in ``_LAZY``, imported on first use: registration needs only the loader and the
-    name map, so a load of another format never imports this format's reader and writer."""
-    if name in _LAZY:
-        import importlib  # noqa: PLC0415
-
-        return getattr(importlib.import_module(_LAZY[name], __name__), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_attributes(__name__, _LAZY)
 
 
 __all__ = ["HFCheckpoint", "SafetensorsLoader"]

@@ -7,22 +7,18 @@ re-sharding or re-quantizing: the fastest path into a running model.
 protocol (``stored_state()`` / ``load_stored()``, see ``toolkit.core.params``).
 """
 from toolkit.core.hookspecs import hookimpl
+from toolkit.core.lazy import lazy_attributes
 
 from .errors import ChecksumMismatchError, TensorParallelMismatchError
 from .loader import ShardedLoader
 from .stored import StoredNameMap
 
+# Imported on first use: registration needs only the loader and the name map, so a load of another
+# format never imports this format's reader and writer.
 _LAZY = {"ShardedCheckpoint": ".checkpoint", "ShardedSaveOptions": ".writer"}
 
 
-def __getattr__(name: str):
-    """The names in ``_LAZY``, imported on first use: registration needs only the loader and the
-    name map, so a load of another format never imports this format's reader and writer."""
-    if name in _LAZY:
-        import importlib  # noqa: PLC0415
-
-        return getattr(importlib.import_module(_LAZY[name], __name__), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_attributes(__name__, _LAZY)
 
 
 __all__ = ["ChecksumMismatchError", "ShardedCheckpoint", "ShardedLoader", "ShardedSaveOptions",

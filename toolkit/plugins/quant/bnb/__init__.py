@@ -9,23 +9,19 @@ it costs seconds (it pulls in torch's compiler stack), and every toolkit process
 tensor-parallel worker included, registers this plugin whether or not it uses it.
 """
 from toolkit.core.hookspecs import hookimpl
+from toolkit.core.lazy import lazy_attributes
 
 from .factory import BnbFactory
 from .kernels import register_ops
 
 # Imported on first access: the parameter classes (they import bitsandbytes), and the schemes and
 # tensor types, which a load that does not use bnb never needs.
-_LAZY = {"Bnb4bitParameter": "params4", "Bnb8bitParameter": "params8", "Bnb4bitScheme": "scheme",
-         "Bnb8bitScheme": "scheme", "Bnb4bitTensor": "tensors", "Bnb8bitTensor": "tensors"}
+_LAZY = {"Bnb4bitParameter": ".params4", "Bnb8bitParameter": ".params8", "Bnb4bitScheme": ".scheme",
+         "Bnb8bitScheme": ".scheme", "Bnb4bitTensor": ".tensors", "Bnb8bitTensor": ".tensors"}  # imported on first use
 
 
-def __getattr__(name: str):
-    """The names in ``_LAZY``, imported on first access."""
-    if name in _LAZY:
-        import importlib  # noqa: PLC0415
+__getattr__ = lazy_attributes(__name__, _LAZY)
 
-        return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 __all__ = ["Bnb4bitParameter", "Bnb8bitParameter", "Bnb4bitScheme", "Bnb8bitScheme", "BnbFactory",
            "Bnb4bitTensor", "Bnb8bitTensor"]
