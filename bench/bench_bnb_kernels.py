@@ -17,7 +17,7 @@ import argparse
 
 import torch
 
-from bench_gguf_kernels import copies_for, copy_bandwidth, graph_us
+from bench_gguf_kernels import copies_for, copy_bandwidth, time_variants
 
 KINDS = {"nf4": ("nf4", False), "nf4-dq": ("nf4", True), "fp4": ("fp4", False), "int8": None}
 # (BM, BN, BK, num_warps, split or None for automatic, tl.dot), by regime; --sweep adds SWEEP's.
@@ -73,19 +73,10 @@ def variants(kind: str, rows: int, cols: int, tokens: int, sweep: bool, copies: 
 
 
 def measure(kind: str, rows: int, cols: int, tokens: int, sweep: bool, passes: int = 2) -> dict[str, float]:
+    """Microseconds per weight for each variant (bitsandbytes' LLM.int8 syncs with the host: it is
+    timed launch by launch)."""
     copies = copies_for(rows, cols)
-    fns = variants(kind, rows, cols, tokens, sweep, copies)
-    times: dict[str, float] = {}
-    for _ in range(passes):
-        for label, fn in fns.items():
-            try:
-                us = graph_us(fn, copies)
-            except RuntimeError:  # bitsandbytes' LLM.int8 syncs with the host: time it launch by launch
-                torch.cuda.synchronize()
-                from triton.testing import do_bench
-                us = 1000 * do_bench(fn, warmup=5, rep=40, return_mode="median") / copies
-            times[label] = min(us, times.get(label, us))
-    return times
+    return time_variants(variants(kind, rows, cols, tokens, sweep, copies), copies, passes)
 
 
 def weight_bytes(kind: str, rows: int, cols: int) -> int:

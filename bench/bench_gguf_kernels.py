@@ -159,14 +159,21 @@ def precompile(jobs: list[tuple]) -> None:
 def measure(name: str, rows: int, cols: int, tokens: int, sweep: bool, passes: int = 2) -> dict[str, float]:
     """Microseconds per weight for each variant: the best of ``passes`` interleaved graph timings."""
     copies = copies_for(rows, cols)
-    fns = variants(name, rows, cols, tokens, sweep, copies)
+    return time_variants(variants(name, rows, cols, tokens, sweep, copies), copies, passes)
+
+
+def time_variants(fns: dict, copies: int, passes: int = 2) -> dict[str, float]:
+    """label -> microseconds per weight of ``fns[label]`` (one pass over ``copies`` weights): the best
+    of ``passes`` interleaved CUDA-graph timings; an op that cannot be captured (one that syncs
+    with the host) is timed launch by launch."""
     times: dict[str, float] = {}
     for _ in range(passes):
         for label, fn in fns.items():
             try:
                 us = graph_us(fn, copies)
-            except RuntimeError as exc:  # an op that cannot be captured: time it launch by launch
+            except RuntimeError as exc:
                 print(f"  {label}: not capturable ({str(exc).splitlines()[0][:80]}); timed with do_bench")
+                torch.cuda.synchronize()
                 from triton.testing import do_bench
                 us = 1000 * do_bench(fn, warmup=5, rep=40, return_mode="median") / copies
             times[label] = min(us, times.get(label, us))
