@@ -72,12 +72,7 @@ def graph_blockers(model: torch.nn.Module) -> str | None:
 
     A quant scheme whose ``apply`` synchronises with the host (data-dependent shapes) says so
     with a ``cuda_graph_blocker`` attribute (a sentence, or None); capturing it would fail."""
-    notes = []
-    for module in model.modules():
-        note = getattr(getattr(module, "scheme", None), "cuda_graph_blocker", None)
-        if note and note not in notes:
-            notes.append(note)
-    return "; ".join(notes) or None
+    return "; ".join(dict.fromkeys(note for note in _scheme_values(model, "cuda_graph_blocker") if note)) or None
 
 
 def graph_token_limit(model: torch.nn.Module) -> int | None:
@@ -86,9 +81,13 @@ def graph_token_limit(model: torch.nn.Module) -> int | None:
     A scheme whose small-batch kernels are capturable but whose larger-batch path synchronises
     with the host says so with a ``cuda_graph_max_tokens`` attribute (an int, or None); decode
     steps with more sequences, and prefill steps with more tokens, then run eagerly."""
-    limits = [limit for module in model.modules()
-              if (limit := getattr(getattr(module, "scheme", None), "cuda_graph_max_tokens", None)) is not None]
-    return min(limits) if limits else None
+    return min(_scheme_values(model, "cuda_graph_max_tokens"), default=None)
+
+
+def _scheme_values(model: torch.nn.Module, attribute: str) -> list:
+    """``attribute`` of every layer's quant scheme that has it set (not None), in module order."""
+    return [value for module in model.modules()
+            if (value := getattr(getattr(module, "scheme", None), attribute, None)) is not None]
 
 
 class CacheBudgetError(ToolkitError, ValueError):
