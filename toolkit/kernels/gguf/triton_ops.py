@@ -121,16 +121,13 @@ class MmqConfig:
 #   the 1.5B Q4_0 file's batch-8 decode went from 2,459 to 2,772 tok/s (medians of 3 alternations).
 MMQ_MIN_TOKENS = 2
 MMQ_MAX_TOKENS = {"Q4_0": 16, "Q4_K": 16, "Q6_K": 16, "Q8_0": 32}     # the types gguf_matmul sends to it, up to T
-MMQ_SMALL = MmqConfig(bn=32, num_warps=2, num_stages=3, programs_per_sm=8)
-MMQ_SMALL_BY_TYPE = {"Q6_K": MmqConfig(bn=32, num_warps=4, num_stages=3, programs_per_sm=16)}
-MMQ_WIDE = MmqConfig(bn=64, num_warps=4, num_stages=3, programs_per_sm=2)      # 17-32 tokens
-MMQ_WIDE_BY_TYPE = {"Q8_0": MMQ_SMALL}
+MMQ_CONFIG = MmqConfig(bn=32, num_warps=2, num_stages=3, programs_per_sm=8)
+MMQ_CONFIG_BY_TYPE = {"Q6_K": MmqConfig(bn=32, num_warps=4, num_stages=3, programs_per_sm=16)}
 
 
-def mmq_config(name: str, tokens: int) -> MmqConfig:
-    if tokens <= 16:
-        return MMQ_SMALL_BY_TYPE.get(name, MMQ_SMALL)
-    return MMQ_WIDE_BY_TYPE.get(name, MMQ_WIDE)
+def mmq_config(name: str) -> MmqConfig:
+    """The measured launch of type ``name`` (the same for every dispatched token count)."""
+    return MMQ_CONFIG_BY_TYPE.get(name, MMQ_CONFIG)
 
 
 # The Triton interpreter (TRITON_INTERPRET=1, CPU) cannot run PTX: the kernels then compute the
@@ -285,7 +282,7 @@ def mmq_matmul(x: torch.Tensor, data: torch.Tensor, qtype: int, cols: int, bm: i
     ``num_warps``, ``num_stages`` and ``split`` (K splits) default to ``mmq_config``'s launch."""
     tokens, rows = x.shape[0], data.shape[0]
     name = type_name(qtype)
-    config = mmq_config(name, tokens)
+    config = mmq_config(name)
     bn, num_warps = bn or config.bn, num_warps or config.num_warps
     num_stages = num_stages or config.num_stages
     words, scales, sums = quantize_activations(x, sums=True) if name == "Q4_K" else (*quantize_activations(x), None)
