@@ -9,7 +9,7 @@ non-contiguous or misaligned packed data, int8 rows not 4-byte aligned.
 Launch shapes (``MatmulConfig``) are chosen by reasoning about a memory-bound GEMV, the way the GGUF
 kernels' measured ones came out (``kernels/gguf/triton_ops.py``): decode takes many small programs
 (8 rows each) with wide K steps (512 columns: 256 bytes of 4-bit or 512 of int8 per row in flight);
-2..16 tokens take ``tl.dot`` tiles of 16 tokens x 64 rows x 128 columns; K is split while there are
+2..16 tokens take ``tl.dot`` tiles of 16 tokens x 64 rows x 128 columns; K is split (``kernels/launch.py``) while there are
 fewer programs than SMs. ``bench/bench_bnb_kernels.py --sweep`` times alternatives on a GPU.
 
 ``TOOLKIT_BNB_TRITON=0`` makes both decline (bitsandbytes runs everything; call
@@ -17,13 +17,13 @@ fewer programs than SMs. ``bench/bench_bnb_kernels.py --sweep`` times alternativ
 """
 from __future__ import annotations
 
-import functools
 import os
 from dataclasses import dataclass
 
 import torch
 import triton
 
+from ..launch import split_k
 from . import SMALL_BATCH_MAX_TOKENS
 from .triton_kernels import int8_matmul_kernel, nf4_matmul_kernel
 
@@ -42,9 +42,6 @@ class MatmulConfig:
 
 DECODE_CONFIG = MatmulConfig(bm=1, bn=8, bk=512)
 SMALL_BATCH_CONFIG = MatmulConfig(bm=16, bn=64, bk=128)
-# Split K only while there are fewer programs than SMs (the partial sums and their reduction cost
-# two more launches; the GGUF kernels measured every split past that as slower).
-PROGRAMS_PER_SM = 1
 FOUR_BIT_TYPES = ("nf4", "fp4")
 
 
@@ -65,11 +62,6 @@ def default_config(tokens: int) -> MatmulConfig:
     return DECODE_CONFIG if tokens == 1 else SMALL_BATCH_CONFIG
 
 
-@functools.lru_cache(maxsize=None)
-def _num_sms(device: torch.device) -> int:
-    return torch.cuda.get_device_properties(device).multi_processor_count
-
-
 def _tile_width(cols: int, wanted: int, unit: int) -> int:
     """The widest power-of-two multiple of ``unit`` <= max(wanted, unit) dividing ``cols``, or 0."""
     width = max(wanted, unit)
@@ -78,21 +70,13 @@ def _tile_width(cols: int, wanted: int, unit: int) -> int:
     return width if width >= unit else 0
 
 
-def _split_k(device: torch.device, programs: int, k_tiles: int) -> int:
-    target = PROGRAMS_PER_SM * _num_sms(device)
-    split = max(1, min(k_tiles, target // max(programs, 1)))
-    while k_tiles % split:
-        split -= 1
-    return split
-
-
 def _launch(kernel, x: torch.Tensor, rows: int, cols: int, bk: int, config: MatmulConfig, split: int | None,
             args: tuple, strides: tuple, **constants) -> torch.Tensor:
     """Run ``kernel`` over (row tiles, token tiles, K splits); ``[T, rows]`` in x's dtype."""
     tokens = x.shape[0]
     grid_nm = (triton.cdiv(rows, config.bn), triton.cdiv(tokens, config.bm))
     if split is None:
-        split = _split_k(x.device, grid_nm[0] * grid_nm[1], cols // bk)
+        split = split_k(grid_nm[0] * grid_nm[1], cols // bk, x.device)
     out = torch.empty(split, tokens, rows, dtype=x.dtype if split == 1 else torch.float32, device=x.device)
     kernel[(*grid_nm, split)](x, *args, out, tokens, rows, cols, cols // split, *strides,
                               BM=config.bm, BN=config.bn, BK=bk, num_warps=config.num_warps,

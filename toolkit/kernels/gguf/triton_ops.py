@@ -28,6 +28,7 @@ from .types import block_size, type_name, type_size
 from .triton_dp4a import STEP_AXES, gemv_kernel, quantize_activations_kernel
 from .triton_kernels import dequantize_kernel, matmul_kernel
 from .triton_mmq import MMQ_TYPES, mmq_kernel
+from ..launch import num_sms, split_k
 from ..triton_reduce import sum_splits
 
 # Scale sub-block per type: the tile width must be a multiple of it.
@@ -39,9 +40,6 @@ TRITON_TYPES = frozenset(SUB_BLOCK)
 WORD_GROUP = {"Q8_0": 32, "Q4_0": 32, "Q4_1": 32, "Q5_0": 32, "Q5_1": 32, "IQ4_NL": 32,
               "Q4_K": 64, "Q5_K": 64, "Q6_K": 128}
 FUSED_MAX_TOKENS = 16
-# Split K only while there are fewer programs than SMs: with 4 or more programs per SM, every
-# split we measured was slower (the partial-sum buffer and its reduction cost more than they hide).
-PROGRAMS_PER_SM = 1
 
 
 @dataclass(frozen=True)
@@ -182,21 +180,6 @@ gguf_dequantize.supports = lambda data, qtype, cols, dtype: (
     _packed_ok(data, qtype, cols) and dtype in (torch.float16, torch.bfloat16, torch.float32))
 
 
-@functools.lru_cache(maxsize=None)
-def _num_sms(device: torch.device) -> int:
-    return torch.cuda.get_device_properties(device).multi_processor_count
-
-
-def _split_k(num_programs: int, k_tiles: int, device: torch.device) -> int:
-    """Split K until there are about ``PROGRAMS_PER_SM`` programs per SM (never cutting a tile):
-    a GEMV with few output tiles (a small projection) would otherwise leave SMs idle."""
-    target = PROGRAMS_PER_SM * _num_sms(device)
-    split = max(1, min(k_tiles, target // max(num_programs, 1)))
-    while k_tiles % split:
-        split -= 1
-    return split
-
-
 def _matmul_tile_width(qtype: int, cols: int, wanted: int) -> int:
     """A tile width for the matmul: at least one word-layout group of the type."""
     group = WORD_GROUP.get(type_name(qtype), 32)
@@ -215,7 +198,7 @@ def fused_matmul(x: torch.Tensor, data: torch.Tensor, qtype: int, cols: int, con
     bk = _matmul_tile_width(qtype, cols, config.bk) if words else _tile_width(cols, min(config.bk, 256))
     grid_nm = (triton.cdiv(rows, config.bn), triton.cdiv(tokens, config.bm))
     if split is None:
-        split = _split_k(grid_nm[0] * grid_nm[1], cols // bk, x.device)
+        split = split_k(grid_nm[0] * grid_nm[1], cols // bk, x.device)
     out_dtype = x.dtype if split == 1 else torch.float32
     out = torch.empty(split, tokens, rows, dtype=out_dtype, device=x.device)
     matmul_kernel[(*grid_nm, split)](
@@ -248,7 +231,7 @@ def dp4a_matmul(x: torch.Tensor, data: torch.Tensor, qtype: int, cols: int,
     rows, step = data.shape[0], DP4A_STEP[name]
     words, scales = quantize_activations(x)
     grid_nm = (triton.cdiv(rows, config.bn), triton.cdiv(tokens, config.bm))
-    split = config.split or _split_k(grid_nm[0] * grid_nm[1], cols // _tile_width(cols, max(config.bk, step)),
+    split = config.split or split_k(grid_nm[0] * grid_nm[1], cols // _tile_width(cols, max(config.bk, step)),
                                      x.device)
     while split > 1 and (cols % split or (cols // split) % step):  # each split: whole blocks
         split -= 1
@@ -308,7 +291,7 @@ def mmq_matmul(x: torch.Tensor, data: torch.Tensor, qtype: int, cols: int, bm: i
 def _mmq_split(tiles: int, programs_per_sm: int, device: torch.device) -> int:
     """The power of two (1 to 8) nearest ``programs_per_sm * SMs / tiles``: enough programs in flight to
     keep the memory system busy, without a partial-sum buffer larger than it needs."""
-    want = programs_per_sm * _num_sms(device) / max(tiles, 1)
+    want = programs_per_sm * num_sms(device) / max(tiles, 1)
     return 1 if want <= 1 else min(8, 2 ** round(math.log2(want)))
 
 

@@ -1,0 +1,25 @@
+"""Launch-size helpers shared by the Triton matmul ops (GGUF, bitsandbytes)."""
+from __future__ import annotations
+
+import functools
+
+import torch
+
+# Split K only while there are fewer programs than SMs: with 4 or more programs per SM, every split
+# the GGUF kernels measured was slower (the partial-sum buffer and its reduction cost more than they hide).
+PROGRAMS_PER_SM = 1
+
+
+@functools.lru_cache(maxsize=None)
+def num_sms(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def split_k(num_programs: int, k_tiles: int, device: torch.device) -> int:
+    """Split K until there are about ``PROGRAMS_PER_SM`` programs per SM (never cutting a tile):
+    a GEMV with few output tiles (a small projection) would otherwise leave SMs idle."""
+    target = PROGRAMS_PER_SM * num_sms(device)
+    split = max(1, min(k_tiles, target // max(num_programs, 1)))
+    while k_tiles % split:
+        split -= 1
+    return split
