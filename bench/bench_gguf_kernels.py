@@ -36,11 +36,9 @@ SWEEP = {"decode": [(1, 16, 256, 4, 1), (1, 8, 1024, 8, 1), (1, 16, 512, 4, 1), 
          "batch": [(32, 128, 64, 8, 1), (64, 128, 64, 8, 1), (32, 32, 128, 4, None)],
          "prefill": [(128, 128, 64, 8, 1)]}
 
-# dp4a GEMV (BM, BN, BK, warps, stages): decode (T=1) and small batches
-DP4A_COMPARE = {"decode": [(1, 2, 1024, 1, 2)], "small": [(8, 1, 512, 2, 2)]}
-DP4A_SWEEP = {"decode": [(1, 1, 2048, 1, 2), (1, 1, 4096, 1, 2), (1, 1, 1024, 1, 2), (1, 2, 2048, 1, 2)],
-              "small": [(8, 1, 1024, 2, 2), (8, 1, 512, 1, 2), (8, 2, 512, 4, 2), (4, 1, 1024, 1, 2), (8, 1, 256, 1, 2),
-                        (8, 1, 2048, 4, 2), (16, 1, 512, 4, 2)]}
+# token-unrolled dp4a GEMV (BN rows per program, BK columns per step, num_warps, stages), T <= 8
+TOKENS_SWEEP = [(1, 1024, 1, 2), (2, 1024, 1, 2), (1, 4096, 1, 2), (2, 2048, 2, 2), (1, 2048, 2, 2),
+                (4, 1024, 2, 2), (1, 2048, 1, 3), (2, 512, 1, 2)]
 # int8 tensor-core kernel (BN rows per program, num_warps, split-K or None for automatic, stages); BM is
 # the token count rounded up (16-64)
 MMQ_COMPARE = [(64, 4, None, 2), (32, 4, None, 2)]
@@ -93,14 +91,15 @@ def _all_variants(name: str, rows: int, cols: int, tokens: int, sweep: bool, cop
         config = triton_ops.MatmulConfig(bm=bm, bn=bn, bk=bk, num_warps=warps)
         out[f"fused{bm}x{bn}x{bk}w{warps}s{split or 'auto'}"] = each(
             lambda data, dense, c=config, s=split: triton_ops.fused_matmul(x, data, qtype, cols, c, split=s))
-    if regime in DP4A_COMPARE and name in triton_ops.DP4A_STEP:  # the int8-activation dp4a kernel's launch shapes
-        for bm, bn, bk, warps, stages in DP4A_COMPARE[regime] + (DP4A_SWEEP[regime] if sweep else []):
-            config = triton_ops.GemvConfig(bm=bm, bn=bn, bk=bk, num_warps=warps, num_stages=stages)
-            out[f"dp4a{bm}x{bn}x{bk}w{warps}s{stages}"] = each(
-                lambda data, dense, c=config: triton_ops.dp4a_matmul(x, data, qtype, cols, c))
+    if tokens <= 8 and name in triton_ops.DP4A_STEP:  # the token-unrolled dp4a GEMV's launch shapes
         float_config = (triton_ops.DECODE_CONFIG_BY_TYPE.get(name, triton_ops.DECODE_CONFIG) if tokens == 1
-                        else triton_ops.SMALL_BATCH_CONFIG)
+                        else triton_ops.SMALL_BATCH_CONFIG)                      # the float kernel it replaced
         out["float_kernel"] = each(lambda data, dense: triton_ops.fused_matmul(x, data, qtype, cols, float_config))
+        out["tokens_default"] = each(lambda data, dense: triton_ops.dp4a_tokens_matmul(x, data, qtype, cols))
+        for bn, bk, warps, stages in (TOKENS_SWEEP if sweep else []):
+            config = triton_ops.GemvConfig(bn=bn, bk=bk, num_warps=warps, num_stages=stages)
+            out[f"tokens{bn}x{bk}w{warps}s{stages}"] = each(
+                lambda data, dense, c=config: triton_ops.dp4a_tokens_matmul(x, data, qtype, cols, c))
     if regime in ("small", "batch") and name in triton_ops.MMQ_TYPES:  # the int8 tensor-core kernel's tile shapes
         out["mmq_default"] = each(lambda data, dense: triton_ops.mmq_matmul(x, data, qtype, cols))  # mmq_config's
         for bn, warps, split, stages in MMQ_COMPARE + (MMQ_SWEEP if sweep else []):

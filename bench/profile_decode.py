@@ -20,6 +20,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--top", type=int, default=15)
     parser.add_argument("--prefill", type=int, default=0, help="profile prefills of this many tokens instead")
+    parser.add_argument("--sequence", type=int, default=0,
+                        help="also print the first N kernels of the last step in launch order (one layer's sequence)")
     args = parser.parse_args()
 
     import toolkit  # noqa: PLC0415
@@ -47,6 +49,18 @@ def main() -> None:
     print(f"{args.model} batch {args.batch}: {total_us / 1e3:.2f} ms of GPU kernels per step, {kernels:.0f} kernels/step")
     for e in sorted(events, key=lambda e: -e.self_device_time_total)[:args.top]:
         print(f"  {e.self_device_time_total / args.steps / 1e3:7.3f} ms  x{e.count / args.steps:5.0f}  {e.key[:110]}")
+    if args.sequence:
+        print_sequence(prof, args)
+
+
+def print_sequence(prof, args) -> None:
+    """The kernels of the last profiled step in launch order: shows what one layer launches."""
+    kernels = sorted((e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA),
+                     key=lambda e: e.time_range.start)
+    per_step = len(kernels) // args.steps
+    print(f"launch order, last step ({per_step} kernels), first {args.sequence}:")
+    for e in kernels[-per_step:][:args.sequence]:
+        print(f"  {e.time_range.elapsed_us():7.1f} us  {e.name[:120]}")
 
 
 def profile_prefill(llm, args) -> None:

@@ -8,8 +8,8 @@ Skipped where Triton is not installed and on CUDA machines. The interpreter swit
 imported Triton earlier (a run of several files), one test runs this file in a fresh process.
 
 Two interpreter limits of Triton 3.6 shape these tests: it calls ``int()`` on a one-element numpy
-array for a loop bound taken from a kernel argument, which numpy >= 2.4 rejects, so ``_index_fix``
-makes that conversion take the array's single element (the interpreter only; compiled kernels never
+array for a loop bound taken from a kernel argument, which numpy >= 2.4 rejects, so ``fix_loop_bounds``
+(tests/triton_interpreter.py) makes that conversion take the array's single element (the interpreter only; compiled kernels never
 run this code); and its ``tl.dot`` on bfloat16 operands returns garbage, so the ``tl.dot`` path
 (2..16 tokens) is checked with float16 activations here and with bfloat16 on the GPU.
 """
@@ -23,7 +23,7 @@ import sys
 import pytest
 import torch
 
-from triton_interpreter import rerun_in_fresh_process
+from triton_interpreter import fix_loop_bounds, rerun_in_fresh_process
 
 if importlib.util.find_spec("triton") is None:
     pytest.skip("Triton is not installed", allow_module_level=True)
@@ -39,24 +39,8 @@ INTERPRETED = type(triton.language.standard.zeros).__name__ == "InterpretedFunct
 here = pytest.mark.skipif(not INTERPRETED, reason="Triton was imported compiled; run in a fresh process")
 
 
-def _index_fix():
-    """Let the interpreter take a loop bound from a one-element array under numpy >= 2.4 (see above)."""
-    from triton.runtime import interpreter  # noqa: PLC0415
-
-    original = interpreter._patch_lang_tensor
-    if getattr(original, "index_fixed", False):
-        return
-
-    def patched(tensor, scope):
-        original(tensor, scope)
-        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
-
-    patched.index_fixed = True
-    interpreter._patch_lang_tensor = patched
-
-
 if INTERPRETED:
-    _index_fix()
+    fix_loop_bounds()
     ops = importlib.import_module("toolkit.kernels.bnb.triton_ops")
     if type(importlib.import_module("toolkit.kernels.bnb.triton_kernels").nf4_matmul_kernel).__name__ != \
             "InterpretedFunction":

@@ -292,28 +292,26 @@ def activation_rounding_bound(x: torch.Tensor, weight: torch.Tensor) -> torch.Te
 @pytest.mark.gpu
 @gpu
 @pytest.mark.parametrize("name", ["Q4_0", "Q5_0", "Q8_0", "Q4_K", "Q5_K", "Q6_K"])
-def test_dp4a_gemv_within_activation_rounding(name):
-    """The int8-activation GEMV against float64 on the dequantized weight: within the activation
-    rounding bound, for row and token counts off the program size, every split and several configs."""
+def test_tokens_gemv_within_activation_rounding(name):
+    """The token-unrolled dp4a GEMV (triton_gemv_tokens) against float64 on the dequantized weight:
+    within the activation rounding bound for 1-8 tokens, rows off the program size, several launches."""
     from toolkit.kernels.gguf import triton_ops
-    configs = (triton_ops.DP4A_CONFIG, triton_ops.DP4A_SMALL_BATCH_CONFIG, triton_ops.GemvConfig(bn=2, bk=256, split=2),
-               triton_ops.GemvConfig(bm=4, bn=4, bk=1024, num_warps=4, split=1),
-               triton_ops.GemvConfig(bm=2, bn=1, bk=256, num_warps=1, split=2))
-    for rows, cols in ((37, 512), (130, 2048), (3, 256)):
-        packed, qtype = cuda_case(name, rows, cols, 11)
+    configs = (None, triton_ops.GemvConfig(bn=2, bk=256, split=2, num_warps=2))
+    for rows, cols in ((37, 1024), (130, 2048), (3, 256)):
+        packed, qtype = cuda_case(name, rows, cols, 17)
         weight = gguf_dequantize(packed, qtype, cols, torch.float32)
         for tokens in (1, 3, 8):
             x = torch.randn(tokens, cols, device="cuda").to(torch.bfloat16)
             exact = x.double() @ weight.double().T
             bound = 3 * 2 ** -8 * (x.double().abs() @ weight.double().abs().T) + activation_rounding_bound(x, weight)
             for config in configs:
-                got = triton_ops.dp4a_matmul(x, packed, qtype, cols, config)
+                got = triton_ops.dp4a_tokens_matmul(x, packed, qtype, cols, config)
                 assert got.shape == (tokens, rows) and got.dtype == torch.bfloat16
                 assert ((got.double() - exact).abs() <= bound).all(), (name, rows, cols, tokens, config)
     zero = torch.zeros(2, 256, device="cuda", dtype=torch.bfloat16)   # all-zero blocks: scale 0, no NaN
     packed, qtype = cuda_case(name, 8, 256, 12)
-    assert torch.equal(triton_ops.dp4a_matmul(zero, packed, qtype, 256), torch.zeros(2, 8, device="cuda",
-                                                                                   dtype=torch.bfloat16))
+    assert torch.equal(triton_ops.dp4a_tokens_matmul(zero, packed, qtype, 256),
+                       torch.zeros(2, 8, device="cuda", dtype=torch.bfloat16))
 
 
 @pytest.mark.gpu

@@ -20,3 +20,21 @@ def rerun_in_fresh_process(path: str) -> None:
     assert done.returncode == 0, done.stdout[-3000:]
     summary = done.stdout.strip().splitlines()[-1]
     assert re.fullmatch(r"\d+ passed, 1 skipped in .*", summary), done.stdout[-1000:]  # all but the caller ran
+
+
+def fix_loop_bounds() -> None:
+    """Let Triton 3.6's interpreter take a loop bound from a kernel argument under numpy >= 2.4: it
+    calls ``int()`` on a one-element array, which numpy now rejects; this makes that conversion take
+    the array's single element (the interpreter only; compiled kernels never run this code)."""
+    from triton.runtime import interpreter  # noqa: PLC0415
+
+    original = interpreter._patch_lang_tensor
+    if getattr(original, "index_fixed", False):
+        return
+
+    def patched(tensor, scope):
+        original(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
+
+    patched.index_fixed = True
+    interpreter._patch_lang_tensor = patched

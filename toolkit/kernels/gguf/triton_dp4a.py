@@ -1,4 +1,7 @@
-"""Decode GEMV on packed GGUF rows with 8-bit activations and 4-way integer dot products (dp4a).
+"""Step functions of a GEMV on packed GGUF rows with 8-bit activations and 4-way integer dot products
+(dp4a), and the activation quantizer. The MoE route kernel (``gguf_moe.triton_moe``) runs these steps
+with its routes as the token axis; dense matmuls of 1-8 tokens use ``triton_gemv_tokens``, which
+unrolls its tokens instead (this file's leading token axis cost a load and unpack per token).
 
 Why: the float GEMV (``triton_words``) turns every weight into a float32 before its
 multiply-add, ~6 instructions per weight, which capped a one-token matmul at ~30% of HBM
@@ -240,26 +243,3 @@ def _axes(v, AXES: tl.constexpr):
         return v[:, None, None, None, None]
     else:
         return v[:, None, None, None, None, None]
-
-
-@triton.jit
-def gemv_kernel(xq_ptr, xd_ptr, w_ptr, out_ptr, T, N, K, K_SPLIT, row_bytes,
-                QTYPE: tl.constexpr, TS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-                AXES: tl.constexpr, DP4A: tl.constexpr):
-    """``out[pid_k, t, n] = sum over columns pid_k * K_SPLIT .. of W[n] * x[t]`` for ``BM`` tokens x
-    ``BN`` rows per program: each weight word is unpacked once and used for every token.
-    ``xq``/``xd``: the quantized activations (``quantize_activations_kernel``), ``[T, K / 4]`` / ``[T, K / 32]``.
-    ``AXES``: the rank of the type's step tensors (``STEP_AXES``)."""
-    pid_n, pid_m, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    offs_n = pid_n * BN + tl.arange(0, BN)
-    offs_m = pid_m * BM + tl.arange(0, BM)
-    row_off = tl.minimum(offs_n, N - 1).to(tl.int64) * row_bytes
-    token = tl.minimum(offs_m, T - 1).to(tl.int64)              # padding tokens repeat the last (not stored)
-    xq_rows = _axes(xq_ptr + token * (K // 4), AXES)
-    xd_rows = _axes(xd_ptr + token * (K // 32), AXES)
-    acc = tl.zeros((BM, BN), dtype=tl.float32)
-    k_start = pid_k * K_SPLIT
-    for k_step in range(0, K_SPLIT, BK):
-        acc += gemv_step(w_ptr, row_off, k_start + k_step, xq_rows, xd_rows, QTYPE, TS, BK, DP4A)
-    out = out_ptr + (pid_k * T + offs_m)[:, None].to(tl.int64) * N + offs_n[None, :]
-    tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=(offs_m < T)[:, None] & (offs_n < N)[None, :])

@@ -4,10 +4,11 @@ Each op has ``supports(*args)``: it declines (so the torch reference runs, and r
 errors) for types without a Triton tile, float32 activations, CPU tensors or malformed data.
 
 Launch choices (measured by ``bench/bench_gguf_kernels.py --sweep``; see the configs below):
-- ``T == 1`` (decode): for Q4_0, Q5_0, Q8_0, Q4_K, Q5_K, Q6_K the int8-activation dp4a GEMV
-  (``triton_dp4a``; ``TOOLKIT_GGUF_DP4A=0`` turns it off); for the other types, and then, the
-  float32 multiply-accumulate kernel (``BM=1``) on word-wise tiles.
-- ``2 <= T <= MMQ_MAX_TOKENS[type]`` (Q4_0, Q4_K and Q6_K: 16, Q8_0: 32): the int8 tensor-core kernel
+- ``1 <= T <= TOKENS_MAX_TOKENS[type]`` (Q4_0, Q5_0, Q5_K: 8; Q8_0, Q4_K, Q6_K: 4): the token-unrolled
+  int8-activation dp4a GEMV (``triton_gemv_tokens``, launches in ``tokens_config``;
+  ``TOOLKIT_GGUF_DP4A=0`` turns the int8 kernels off); for the other types at T=1, the float32
+  multiply-accumulate kernel (``BM=1``) on word-wise tiles.
+- then up to ``MMQ_MAX_TOKENS[type]`` (Q4_0, Q4_K and Q6_K: 16, Q8_0: 32): the int8 tensor-core kernel
   (``triton_mmq``, launches in ``mmq_config``); up to ``FUSED_MAX_TOKENS`` for the other types the
   fused ``tl.dot`` kernel with ``BM=16``.
 - larger ``T`` (prefill): Triton dequantize to x's dtype, then the dense matmul (cuBLAS): 3-4x
@@ -25,7 +26,8 @@ import triton
 
 from .bits import IQ4_NL_VALUES
 from .types import block_size, type_name, type_size
-from .triton_dp4a import STEP_AXES, gemv_kernel, quantize_activations_kernel
+from .triton_dp4a import quantize_activations_kernel
+from .triton_gemv_tokens import gemv_tokens_kernel
 from .triton_kernels import dequantize_kernel, matmul_kernel
 from .triton_mmq import MMQ_TYPES, mmq_kernel
 from ..launch import num_sms, split_k
@@ -65,30 +67,43 @@ SMALL_BATCH_CONFIG = MatmulConfig(bm=16, bn=64, bk=128)
 
 @dataclass(frozen=True)
 class GemvConfig:
-    """A dp4a GEMV launch: ``BM`` tokens x ``BN`` rows per program, ``BK`` columns per step, ``split``
-    K (None: automatic)."""
+    """A dp4a GEMV launch: ``BN`` rows per program, ``BK`` columns per step, ``split`` K (None:
+    automatic)."""
     bn: int
     bk: int
     num_warps: int = 4
     split: int | None = None
     num_stages: int = 2
-    bm: int = 1
 
 
 # The dp4a GEMV's types, and the columns its step must cover (one block / super-block at least).
 DP4A_STEP = {"Q4_0": 32, "Q5_0": 32, "Q8_0": 32, "Q4_K": 256, "Q5_K": 256, "Q6_K": 256}
-# From bench/bench_gguf_kernels.py --sweep (CUDA-graph timing, H100, 4096x14336, 14336x4096 and
-# 4096x4096): one warp and one row per program with 2048-column steps was the fastest or within 3%
-# in 12 of 12 cases for Q4_0/Q4_K/Q5_K/Q8_0 (many small programs keep the most loads in flight;
-# 4 warps x 4 rows, the first guess, was 1.3-2x slower); Q6_K's longer unpacking prefers 2 rows
-# and 1024 columns (36.4 against 39.8 us at 14336x4096).
-DP4A_CONFIG = GemvConfig(bn=1, bk=2048, num_warps=1)
-DP4A_CONFIG_BY_TYPE = {"Q6_K": GemvConfig(bn=2, bk=1024, num_warps=1)}
-DP4A_SMALL_BATCH_CONFIG = GemvConfig(bm=8, bn=2, bk=512, num_warps=4)
-# Tokens up to which gguf_matmul takes the dp4a kernel. At T=8 (sweep of 8 launch shapes, H100,
-# 4096x14336 and 14336x4096) its best shape, 95-195 us, lost to the float tl.dot kernel (71-112 us)
-# for every type but Q8_0 at 4096x14336: the multi-token dp4a path stays a measured option, not the default.
-DP4A_MAX_TOKENS = 1
+# The token-unrolled dp4a GEMV (triton_gemv_tokens): the tokens gguf_matmul sends to it per type, and
+# its launch per (type, tokens). From bench/bench_gguf_kernels.py --tokens 1,2,4,8 --sweep --variants
+# 'tokens|dp4a|mmq_default|float_kernel' (CUDA-graph timing, H100, 14336x4096 and 4096x14336, session 5),
+# microseconds per weight, this kernel / the int8 tensor-core kernel (mmq) that served 2-16 tokens:
+#   Q4_0 T=2 20.0-20.3 / 52-54, T=4 27.7 / 52-55, T=8 33.9-39.3 / 54-56 (BN=2, BK=1024 at T > 4);
+#   Q4_K T=2 24.6-24.8 / 44-46, T=4 33.7-35.8 / 46-47, T=8 57-59 / 50 (mmq keeps T > 4);
+#   Q8_0 T=2 28.8-30.5 / 51, T=4 35.7-36.1 / 51-52, T=8 47-57 / 53 (mmq keeps T > 4);
+#   Q6_K T=2 40.4-41.9 / 63-67, T=4 60.7-62.5 / 64-68, T=8 93-124 / 67-70 (mmq keeps T > 4);
+#   at T=1 it equals the earlier dp4a GEMV (triton_dp4a.gemv_kernel: one warp, one row, 2048-column steps;
+#   17.0-29.9 us) and Q6_K at BN=2, BK=512 takes 31.4-33.3 against 35.0-39.0. That kernel took its tokens
+#   as a leading tensor axis and lost to the float tl.dot kernel at T=8 (95-195 against 71-112 us); the
+#   MoE route kernel still uses its step functions (gemv_step). Q5_0 and Q5_K (no mmq kernel; the float kernel's 76-105 us at T=8) take it up to
+#   8 tokens, by analogy with Q4_0/Q4_K (not yet swept on their own).
+TOKENS_MAX_TOKENS = {"Q4_0": 8, "Q5_0": 8, "Q8_0": 4, "Q4_K": 4, "Q5_K": 8, "Q6_K": 4}
+TOKENS_CONFIG = GemvConfig(bn=1, bk=2048, num_warps=1)
+_WIDE = GemvConfig(bn=2, bk=1024, num_warps=1)
+TOKENS_CONFIG_BY_TYPE = {                 # type -> ((up to T, config), ...): the first that holds T
+    "Q4_0": ((4, TOKENS_CONFIG), (8, _WIDE)), "Q5_0": ((4, TOKENS_CONFIG), (8, _WIDE)),
+    "Q4_K": ((1, TOKENS_CONFIG), (8, _WIDE)), "Q5_K": ((1, TOKENS_CONFIG), (8, _WIDE)),
+    "Q8_0": ((1, TOKENS_CONFIG), (8, GemvConfig(bn=1, bk=1024, num_warps=1))),
+    "Q6_K": ((8, GemvConfig(bn=2, bk=512, num_warps=1)),)}
+
+
+def tokens_config(name: str, tokens: int) -> GemvConfig:
+    """The token-unrolled GEMV's measured launch for ``tokens`` (1-8) of type ``name``."""
+    return next((config for most, config in TOKENS_CONFIG_BY_TYPE.get(name, ()) if tokens <= most), TOKENS_CONFIG)
 
 
 @dataclass(frozen=True)
@@ -221,33 +236,29 @@ def quantize_activations(x: torch.Tensor, sums: bool = False):
     return (words, scales, block_sums) if sums else (words, scales)
 
 
-def dp4a_matmul(x: torch.Tensor, data: torch.Tensor, qtype: int, cols: int,
-                config: GemvConfig | None = None) -> torch.Tensor:
-    """``x [T, cols] @ W.T`` with 8-bit activations and dp4a (``triton_dp4a``), ``BM`` tokens per
-    program sharing each unpacked weight word; ``[T, rows]`` in x's dtype."""
+def dp4a_tokens_matmul(x: torch.Tensor, data: torch.Tensor, qtype: int, cols: int,
+                       config: GemvConfig | None = None) -> torch.Tensor:
+    """``x [T, cols] @ W.T`` for ``T <= 8`` with the token-unrolled dp4a GEMV (``triton_gemv_tokens``):
+    each program reads ``BN`` rows once for all T tokens; ``[T, rows]`` in x's dtype. ``config.bm`` is
+    ignored (the kernel unrolls T rounded up to a power of two)."""
     name = type_name(qtype)
-    tokens = x.shape[0]
-    config = config or _dp4a_config(name, tokens)
-    rows, step = data.shape[0], DP4A_STEP[name]
-    words, scales = quantize_activations(x)
-    grid_nm = (triton.cdiv(rows, config.bn), triton.cdiv(tokens, config.bm))
-    split = config.split or split_k(grid_nm[0] * grid_nm[1], cols // _tile_width(cols, max(config.bk, step)),
-                                     x.device)
+    tokens, rows, step = x.shape[0], data.shape[0], DP4A_STEP[name]
+    config = config or tokens_config(name, tokens)
+    if name in ("Q4_K", "Q5_K"):
+        words, scales, sums = quantize_activations(x, sums=True)
+    else:
+        (words, scales), sums = quantize_activations(x), None
+    grid_n = triton.cdiv(rows, config.bn)
+    split = config.split or split_k(grid_n, cols // _tile_width(cols, max(config.bk, step)), x.device)
     while split > 1 and (cols % split or (cols // split) % step):  # each split: whole blocks
         split -= 1
-    bk = _tile_width(cols // split, max(config.bk, step))            # >= step: cols // split is a multiple of it
+    bk = _tile_width(cols // split, max(config.bk, step))
     out = torch.empty(split, tokens, rows, dtype=x.dtype if split == 1 else torch.float32, device=x.device)
-    gemv_kernel[(*grid_nm, split)](words, scales, data, out, tokens, rows, cols, cols // split, data.stride(0),
-                                   QTYPE=int(qtype), TS=type_size(qtype), BM=config.bm, BN=config.bn, BK=bk,
-                                   AXES=STEP_AXES[int(qtype)], DP4A=_HARDWARE_DP4A,
-                                   num_warps=config.num_warps, num_stages=config.num_stages)
+    gemv_tokens_kernel[(grid_n, split)](
+        words, scales, scales if sums is None else sums, data, out, tokens, rows, cols, cols // split,
+        data.stride(0), QTYPE=int(qtype), TS=type_size(qtype), BM=triton.next_power_of_2(tokens), BN=config.bn,
+        BK=bk, DP4A=_HARDWARE_DP4A, num_warps=config.num_warps, num_stages=config.num_stages)
     return out[0] if split == 1 else sum_splits(out, x.dtype)
-
-
-def _dp4a_config(name: str, tokens: int) -> GemvConfig:
-    if tokens == 1:
-        return DP4A_CONFIG_BY_TYPE.get(name, DP4A_CONFIG)
-    return DP4A_SMALL_BATCH_CONFIG
 
 
 def _dp4a_ok(data: torch.Tensor, qtype: int, cols: int) -> bool:
@@ -303,8 +314,8 @@ def _mmq_ok(qtype: int, cols: int, tokens: int) -> bool:
 
 def _int8_kernel(data: torch.Tensor, qtype: int, cols: int, tokens: int):
     """The int8-activation kernel ``gguf_matmul`` takes for this call (dp4a or mmq), or None."""
-    if tokens <= DP4A_MAX_TOKENS and _dp4a_ok(data, qtype, cols):
-        return dp4a_matmul
+    if tokens <= TOKENS_MAX_TOKENS.get(type_name(qtype), 0) and _dp4a_ok(data, qtype, cols):
+        return dp4a_tokens_matmul
     if _mmq_ok(qtype, cols, tokens):
         return mmq_matmul
     return None
