@@ -64,8 +64,8 @@ class DecoderAttention(nn.Module):
             tokens, hd = q.shape[0], self.attn.head_dim
             q = self.q_norm(q.reshape(tokens, -1, hd)).reshape(tokens, -1)
             k = self.k_norm(k.reshape(tokens, -1, hd)).reshape(tokens, -1)
-        q, k = self.rotary(positions, q, k)
-        return self.o_proj(self.attn(q, k, v, attn))
+        # rotary runs inside attention: with a KV cache, in the same op that stores k and v
+        return self.o_proj(self.attn(q, k, v, attn, rotary=self.rotary, positions=positions))
 
 
 class GatedMLP(nn.Module):

@@ -151,8 +151,8 @@ class GatedAttention(nn.Module):
         q, gate = query_gate[..., :hd], query_gate[..., hd:].reshape(tokens, -1)
         q = self.q_norm(q).reshape(tokens, -1)
         k = self.k_norm(k.reshape(tokens, -1, hd)).reshape(tokens, -1)
-        q, k = self.rotary(positions, q, k)
-        return self.o_proj(self.attn(q, k, v, attn) * torch.sigmoid(gate))
+        attended = self.attn(q, k, v, attn, rotary=self.rotary, positions=positions)  # rotary (+ KV store) inside
+        return self.o_proj(attended * torch.sigmoid(gate))
 
 
 class HybridDecoderLayer(nn.Module):
