@@ -115,6 +115,23 @@ def test_store_kv_matches_reference():
         torch.testing.assert_close(a, b, rtol=0, atol=0)
 
 
+def test_rotary_store_kv_matches_reference_and_is_dispatched():
+    """The composed op (the compiled rotary, then the compiled store) on slices of one qkv output."""
+    g = torch.Generator().manual_seed(6)
+    head_dim, tokens = 16, 4
+    qkv = torch.randn(tokens, (2 + 1 + 1) * head_dim, generator=g)
+    q, k, v = qkv[:, :32], qkv[:, 32:48], qkv[:, 48:]
+    positions, slots, inv_freq = torch.tensor([3, 0, 9, 500]), torch.tensor([6, -1, 0, 3]), torch.rand(4)
+    mine = [torch.zeros(2, 4, 1, head_dim) for _ in range(2)]
+    theirs = [torch.zeros(2, 4, 1, head_dim) for _ in range(2)]
+    args = (positions, q, k, v, inv_freq, head_dim, 8)
+    assert runtime.resolve("rotary_store_kv", *args, *mine, slots) is ops.rotary_store_kv
+    torch.testing.assert_close(ops.rotary_store_kv(*args, *mine, slots),
+                               reference.rotary_store_kv(*args, *theirs, slots), rtol=1e-5, atol=2e-5)
+    torch.testing.assert_close(mine[0], theirs[0], rtol=1e-5, atol=2e-5)
+    assert torch.equal(mine[1], theirs[1]) and mine[1].abs().sum() > 0
+
+
 def test_registered_for_cpu_and_declines_other_dtypes():
     x, w = torch.randn(2, 8), torch.randn(8)
     assert runtime.resolve("rms_norm", x, w, 1e-6, 0.0) is ops.rms_norm

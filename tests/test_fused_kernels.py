@@ -64,6 +64,32 @@ def test_rotary_qk_on_views_of_a_fused_qkv(ops, dtype, heads, kv_heads, head_dim
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("heads,kv_heads,head_dim,rotary_dim",
+                         [(12, 2, 128, 128), (8, 2, 64, 32), (4, 4, 80, 80), (4, 1, 256, 256)])
+@pytest.mark.parametrize("tokens", [1, 37])
+def test_rotary_store_kv_matches_rotary_then_store(ops, dtype, heads, kv_heads, head_dim, rotary_dim, tokens):
+    """Rotated q returned, rotated k and v in the paged caches, padding slots (-1) untouched."""
+    gen = torch.Generator(device="cuda").manual_seed(heads * 1000 + head_dim + tokens)
+    qkv = torch.randn(tokens, (heads + 2 * kv_heads) * head_dim, generator=gen, device="cuda").to(dtype)
+    q, k, v = qkv.split([heads * head_dim, kv_heads * head_dim, kv_heads * head_dim], dim=-1)
+    positions = torch.randint(0, 8000, (tokens,), generator=gen, device="cuda")
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, rotary_dim, 2, device="cuda").float() / rotary_dim))
+    slots = torch.randperm(4 * 16, generator=gen, device="cuda")[:tokens]
+    slots[::5] = -1
+    mine = [torch.full((4, 16, kv_heads, head_dim), 7.0, dtype=dtype, device="cuda") for _ in range(2)]
+    theirs = [cache.clone() for cache in mine]
+    args = (positions, q, k, v, inv_freq, head_dim, rotary_dim)
+    assert ops.rotary_store_kv.supports(*args, *mine, slots)
+    q_rot = ops.rotary_store_kv(*args, *mine, slots)
+    ref_q = reference.rotary_store_kv(*args, *theirs, slots)
+    assert rel_err(q_rot, ref_q) < TOL[dtype] and rel_err(mine[0], theirs[0]) < TOL[dtype]
+    assert torch.equal(mine[1], theirs[1])  # v is copied
+    unwritten = torch.ones(4 * 16, dtype=torch.bool, device="cuda")
+    unwritten[slots[slots >= 0]] = False
+    assert (mine[0].view(64, -1)[unwritten] == 7.0).all() and (mine[1].view(64, -1)[unwritten] == 7.0).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("activation", ["silu", "gelu_pytorch_tanh", "gelu"])
 @pytest.mark.parametrize("rows,cols", [(1, 14336), (13, 1000)])
 def test_gated_activation(ops, dtype, activation, rows, cols):
@@ -83,3 +109,10 @@ def test_the_runtime_dispatches_cuda_calls_to_the_fused_kernels(ops):
     assert runtime.resolve("rms_norm", x, w, 1e-6, 0.0) is ops.rms_norm
     assert runtime.resolve("gated_activation", x, "silu") is ops.gated_activation
     assert runtime.resolve("rms_norm", x.cpu(), w.cpu(), 1e-6, 0.0) is reference.rms_norm
+    qkv = torch.randn(3, 4 * 64, device="cuda", dtype=torch.bfloat16)
+    q, k, v = qkv.split([128, 64, 64], dim=-1)
+    cache = torch.zeros(2, 16, 1, 64, device="cuda", dtype=torch.bfloat16)
+    positions, slots = torch.arange(3, device="cuda"), torch.arange(3, device="cuda")
+    inv_freq = torch.ones(32, device="cuda")
+    assert runtime.resolve("rotary_store_kv", positions, q, k, v, inv_freq, 64, 64, cache, cache.clone(),
+                           slots) is ops.rotary_store_kv

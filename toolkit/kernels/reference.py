@@ -67,6 +67,21 @@ def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: t
     v_cache.view(-1, *v_cache.shape[2:])[slots] = v[keep].to(v_cache.dtype)
 
 
+def rotary_store_kv(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                    inv_freq: torch.Tensor, head_dim: int, rotary_dim: int, k_cache: torch.Tensor,
+                    v_cache: torch.Tensor, slot_mapping: torch.Tensor) -> torch.Tensor:
+    """``rotary_qk`` then ``store_kv`` of the rotated k and of v; returns the rotated q.
+
+    q: [T, heads * head_dim], k and v: [T, kv_heads * head_dim] (rows may be strided: views of one
+    qkv output); the caches are [blocks, block_size, kv_heads, head_dim]. The rotated k is only
+    written into the cache: paged attention reads it from there.
+    """
+    q_rot, k_rot = rotary_qk(positions, q, k, inv_freq, head_dim, rotary_dim)
+    tokens = q.shape[0]
+    store_kv(k_rot.view(tokens, -1, head_dim), v.view(tokens, -1, head_dim), k_cache, v_cache, slot_mapping)
+    return q_rot
+
+
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor,
            scale: float, sliding_window: int | None, softcap: float | None) -> torch.Tensor:
     """Causal (optionally windowed, soft-capped) attention for one sequence.
@@ -139,6 +154,7 @@ def paged_decode(q, k_cache, v_cache, attn, scale: float, sliding_window=None, s
 def register_kernels(register):
     for name, fn in (("rms_norm", rms_norm), ("add_rms_norm", add_rms_norm), ("gated_activation", gated_activation),
                      ("rotary_qk", rotary_qk), ("rotary", rotary), ("store_kv", store_kv),
+                     ("rotary_store_kv", rotary_store_kv),
                      ("varlen_attention", varlen_attention), ("paged_attention", paged_attention),
                      *RECURRENT_OPS):
         register(name, fn, device="any")

@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from ...kernels import runtime
+from .rotary import RotaryEmbedding
 
 
 @dataclass
@@ -59,7 +60,12 @@ class AttentionMetadata:
 
 
 class Attention(nn.Module):
-    """Stores new K/V into the cache (if bound) and runs the ``paged_attention`` op."""
+    """Stores new K/V into the cache (if bound) and runs the ``paged_attention`` op.
+
+    Given a ``rotary`` embedding (and the tokens' ``positions``), it rotates q and k first: with a
+    cache bound, in the op that also stores k and v (``rotary_store_kv``), else with ``rotary_qk``.
+    Whatever must happen to q and k before the rotation (per-head norms) happens before the call.
+    """
 
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, *, scale: float,
                  sliding_window: int | None = None, logit_softcap: float | None = None):
@@ -69,15 +75,25 @@ class Attention(nn.Module):
         self.k_cache: torch.Tensor | None = None
         self.v_cache: torch.Tensor | None = None
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn: AttentionMetadata) -> torch.Tensor:
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn: AttentionMetadata, *,
+                rotary: RotaryEmbedding | None = None, positions: torch.Tensor | None = None) -> torch.Tensor:
+        """q: [T, heads * head_dim], k and v: [T, kv_heads * head_dim]; returns [T, heads * head_dim]."""
         tokens = q.shape[0]
-        q = q.view(tokens, self.num_heads, self.head_dim)
-        k = k.view(tokens, self.num_kv_heads, self.head_dim)
-        v = v.view(tokens, self.num_kv_heads, self.head_dim)
         if attn.slot_mapping is not None and self.k_cache is not None:
-            runtime.call("store_kv", k, v, self.k_cache, self.v_cache, attn.slot_mapping)
-            out = runtime.call("paged_attention", q, self.k_cache, self.v_cache, attn, self.scale,
-                               self.sliding_window, self.logit_softcap)
+            if rotary is not None:
+                q = rotary.forward_store(positions, q, k, v, self.k_cache, self.v_cache, attn.slot_mapping)
+            else:
+                runtime.call("store_kv", self._heads(k, self.num_kv_heads), self._heads(v, self.num_kv_heads),
+                             self.k_cache, self.v_cache, attn.slot_mapping)
+            out = runtime.call("paged_attention", self._heads(q, self.num_heads), self.k_cache, self.v_cache, attn,
+                               self.scale, self.sliding_window, self.logit_softcap)
         else:
-            out = runtime.call("varlen_attention", q, k, v, attn, self.scale, self.sliding_window, self.logit_softcap)
+            if rotary is not None:
+                q, k = rotary(positions, q, k)
+            out = runtime.call("varlen_attention", self._heads(q, self.num_heads), self._heads(k, self.num_kv_heads),
+                               self._heads(v, self.num_kv_heads), attn, self.scale, self.sliding_window,
+                               self.logit_softcap)
         return out.reshape(tokens, self.num_heads * self.head_dim)
+
+    def _heads(self, x: torch.Tensor, heads: int) -> torch.Tensor:
+        return x.view(x.shape[0], heads, self.head_dim)

@@ -62,3 +62,10 @@ class RotaryEmbedding(nn.Module):
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """q: [tokens, heads * head_dim], k: [tokens, kv_heads * head_dim]; returns rotated copies."""
         return runtime.call("rotary_qk", positions, q, k, self.inv_freq, self.head_dim, self.rotary_dim)
+
+    def forward_store(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                      k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor) -> torch.Tensor:
+        """Rotated q, with the rotated k and v written into paged caches at ``slot_mapping``, as one op
+        (a kernel launch fewer than rotating, then storing). v: [tokens, kv_heads * head_dim]."""
+        return runtime.call("rotary_store_kv", positions, q, k, v, self.inv_freq, self.head_dim, self.rotary_dim,
+                            k_cache, v_cache, slot_mapping)

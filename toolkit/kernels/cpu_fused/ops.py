@@ -134,12 +134,34 @@ def _supports_paged(q, k_cache, v_cache, attn, *args, **kwargs) -> bool:
             and attn.query_start_loc.is_contiguous() and attn.seq_lens.is_contiguous() and _built())
 
 
+def rotary_store_kv(positions, q, k, v, inv_freq, head_dim: int, rotary_dim: int, k_cache, v_cache, slot_mapping):
+    """The two compiled passes (rotary, then the store) the reference ``rotary_store_kv`` names."""
+    q_rot, k_rot = rotary_qk(positions, q, k, inv_freq, head_dim, rotary_dim)
+    store_kv(k_rot.view(k.shape[0], -1, head_dim), v.view(v.shape[0], -1, head_dim), k_cache, v_cache, slot_mapping)
+    return q_rot
+
+
+def _supports_rotary_store(positions, q, k, v, inv_freq, head_dim, rotary_dim, k_cache, v_cache, slot_mapping,
+                           *args, **kwargs) -> bool:
+    if not (_supports_rotary(positions, q, k, inv_freq, head_dim, rotary_dim) and _cpu_f32(v) and v.dim() == 2
+            and v.shape == k.shape and v.stride(1) == 1):
+        return False
+    # rotary_qk's k output is dense and v's rows are dense (stride 1): the store's layout checks hold for
+    # both, leaving the caches and the slots
+    kv_shape = (k.shape[1] // head_dim, head_dim)
+    return (_cpu_f32(k_cache, v_cache) and k_cache.is_contiguous() and v_cache.is_contiguous()
+            and k_cache.shape == v_cache.shape and tuple(k_cache.shape[2:]) == kv_shape
+            and isinstance(slot_mapping, torch.Tensor) and slot_mapping.dtype == torch.int64
+            and slot_mapping.is_contiguous() and slot_mapping.shape == (k.shape[0],))
+
+
 rms_norm.supports = _supports_norm
 add_rms_norm.supports = _supports_add_norm
 rotary_qk.supports = _supports_rotary
+rotary_store_kv.supports = _supports_rotary_store
 gated_activation.supports = _supports_gated
 store_kv.supports = _supports_store
 paged_attention.supports = _supports_paged
 
-OPS = {"rms_norm": rms_norm, "add_rms_norm": add_rms_norm, "rotary_qk": rotary_qk,
+OPS = {"rms_norm": rms_norm, "add_rms_norm": add_rms_norm, "rotary_qk": rotary_qk, "rotary_store_kv": rotary_store_kv,
        "gated_activation": gated_activation, "store_kv": store_kv, "paged_attention": paged_attention}

@@ -1,5 +1,6 @@
 """Fused Triton kernels for a decoder layer's small ops (RMSNorm with residual add, rotary of q
-and k, gated activation), registered for CUDA with the kernel runtime.
+and k, rotary with the paged KV-cache write, gated activation), registered for CUDA with the
+kernel runtime.
 
 Registered only where Triton and a CUDA device exist; elsewhere (and for whatever a kernel's
 ``supports`` declines) the torch references in ``kernels/reference.py`` serve the same ops.
@@ -10,7 +11,7 @@ from ...core.hookspecs import hookimpl
 from ..triton_support import lazy_ops
 
 PRIORITY = 10
-TRITON_OPS = ("rms_norm", "add_rms_norm", "rotary_qk", "gated_activation")  # ops.OPS
+TRITON_OPS = ("rms_norm", "add_rms_norm", "rotary_qk", "rotary_store_kv", "gated_activation")  # ops.OPS
 
 
 @hookimpl

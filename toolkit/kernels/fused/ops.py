@@ -5,10 +5,11 @@ from __future__ import annotations
 import torch
 import triton
 
-from .triton_kernels import gated_activation_kernel, rms_norm_kernel, rotary_qk_kernel
+from .triton_kernels import gated_activation_kernel, rms_norm_kernel, rotary_heads_kernel
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MAX_NORM_COLS = 65536
+MAX_GRID_Y = 65535  # CUDA's limit on a grid's second dimension (one program per head)
 ACTIVATION_CODES = {"silu": 0, "gelu_pytorch_tanh": 1, "gelu": 2}
 
 
@@ -58,29 +59,84 @@ add_rms_norm.supports = lambda x, residual, weight, eps, weight_offset=0.0: (
     and residual.is_cuda and residual.stride(-1) == 1)
 
 
+def _rotary_config(head_dim: int, rotary_dim: int) -> dict:
+    half, passthrough = rotary_dim // 2, head_dim - rotary_dim
+    return dict(HEAD_DIM=head_dim, HALF=half, BLOCK_HALF=triton.next_power_of_2(half), PASS=passthrough,
+                BLOCK_PASS=triton.next_power_of_2(max(passthrough, 1)), BLOCK_D=triton.next_power_of_2(head_dim),
+                num_warps=1)  # one head per program: 32 threads cover a half of up to 128 features in 4 loads
+
+
 def rotary_qk(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, inv_freq: torch.Tensor, head_dim: int,
               rotary_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
     tokens = q.shape[0]
     q_out = torch.empty(q.shape, dtype=q.dtype, device=q.device)   # contiguous even when q is a view
     k_out = torch.empty(k.shape, dtype=k.dtype, device=k.device)
     q_heads, k_heads = q.shape[1] // head_dim, k.shape[1] // head_dim
-    half, passthrough = rotary_dim // 2, head_dim - rotary_dim
     if tokens:
-        rotary_qk_kernel[(tokens,)](positions, inv_freq, q, k, q_out, k_out, q_heads, k_heads, q.stride(0),
-                                    k.stride(0), q_out.stride(0), k_out.stride(0), HEAD_DIM=head_dim, HALF=half,
-                                    BLOCK_HALF=triton.next_power_of_2(half),
-                                    BLOCK_QH=triton.next_power_of_2(q_heads), BLOCK_KH=triton.next_power_of_2(k_heads),
-                                    PASS=passthrough, BLOCK_PASS=triton.next_power_of_2(max(passthrough, 1)),
-                                    num_warps=4)
+        # k's destination as a one-slot-per-token "cache": slot t, PAGE 1, heads head_dim apart
+        rotary_heads_kernel[(tokens, q_heads + k_heads)](
+            positions, inv_freq, positions, q, k, k, q_out, k_out, k_out, q_heads, q.stride(0), k.stride(0),
+            k.stride(0), q_out.stride(0), k_out.stride(0), 0, head_dim, 0, 0, 0, PAGE=1, STORE_KV=False,
+            **_rotary_config(head_dim, rotary_dim))
     return q_out, k_out
 
 
-rotary_qk.supports = lambda positions, q, k, inv_freq, head_dim, rotary_dim: (
-    q.is_cuda and q.dtype in DTYPES and k.dtype == q.dtype and q.dim() == 2 and k.dim() == 2
-    and q.stride(1) == 1 and k.stride(1) == 1 and positions.is_cuda and positions.dim() == 1
-    and positions.shape[0] == q.shape[0] == k.shape[0] and inv_freq.is_cuda and inv_freq.is_floating_point()
-    and inv_freq.is_contiguous() and rotary_dim % 2 == 0 and 0 < rotary_dim <= head_dim
-    and inv_freq.shape[0] == rotary_dim // 2 and q.shape[1] % head_dim == 0 and k.shape[1] % head_dim == 0)
+def _rotary_supports(positions, q, k, inv_freq, head_dim, rotary_dim) -> bool:
+    return (q.is_cuda and q.dtype in DTYPES and k.dtype == q.dtype and q.dim() == 2 and k.dim() == 2
+            and q.stride(1) == 1 and k.stride(1) == 1 and positions.is_cuda and positions.dim() == 1
+            and positions.shape[0] == q.shape[0] == k.shape[0] and inv_freq.is_cuda and inv_freq.is_floating_point()
+            and inv_freq.is_contiguous() and rotary_dim % 2 == 0 and 0 < rotary_dim <= head_dim
+            and inv_freq.shape[0] == rotary_dim // 2 and q.shape[1] % head_dim == 0 and k.shape[1] % head_dim == 0
+            and q.shape[1] // head_dim + k.shape[1] // head_dim <= MAX_GRID_Y)
+
+
+rotary_qk.supports = _rotary_supports
+
+
+def _rotary_store_kv(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                     inv_freq: torch.Tensor, head_dim: int, rotary_dim: int, k_cache: torch.Tensor,
+                     v_cache: torch.Tensor, slot_mapping: torch.Tensor) -> torch.Tensor:
+    """The reference's ``rotary_store_kv`` in one kernel: rotated q returned, rotated k and v stored."""
+    tokens = q.shape[0]
+    q_out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    q_heads, kv_heads = q.shape[1] // head_dim, k.shape[1] // head_dim
+    if tokens:
+        rotary_heads_kernel[(tokens, q_heads + kv_heads)](
+            positions, inv_freq, slot_mapping, q, k, v, q_out, k_cache, v_cache, q_heads, q.stride(0), k.stride(0),
+            v.stride(0), q_out.stride(0), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), v_cache.stride(0),
+            v_cache.stride(1), v_cache.stride(2), PAGE=k_cache.shape[1], STORE_KV=True,
+            **_rotary_config(head_dim, rotary_dim))
+    return q_out
+
+
+rotary_store_kv_op = torch.library.custom_op("toolkit::rotary_store_kv",
+                                             mutates_args=("k_cache", "v_cache"))(_rotary_store_kv)
+
+
+@rotary_store_kv_op.register_fake
+def _(positions, q, k, v, inv_freq, head_dim, rotary_dim, k_cache, v_cache, slot_mapping):
+    return torch.empty(q.shape, dtype=q.dtype, device=q.device)
+
+
+def rotary_store_kv(positions, q, k, v, inv_freq, head_dim: int, rotary_dim: int, k_cache, v_cache,
+                    slot_mapping) -> torch.Tensor:
+    # the custom op (mutating the caches) only under torch.compile: its dispatcher costs host time per call
+    op = torch.ops.toolkit.rotary_store_kv if torch.compiler.is_compiling() else _rotary_store_kv
+    return op(positions, q, k, v, inv_freq, head_dim, rotary_dim, k_cache, v_cache, slot_mapping)
+
+
+def _rotary_store_kv_supports(positions, q, k, v, inv_freq, head_dim, rotary_dim, k_cache, v_cache,
+                              slot_mapping) -> bool:
+    kv_shape = (k.shape[1] // head_dim, head_dim)
+    return (_rotary_supports(positions, q, k, inv_freq, head_dim, rotary_dim) and v.is_cuda and v.dtype == k.dtype
+            and v.shape == k.shape and v.stride(1) == 1 and k_cache.is_cuda and k_cache.dim() == 4
+            and v_cache.dim() == 4 and tuple(k_cache.shape[2:]) == kv_shape and tuple(v_cache.shape[2:]) == kv_shape
+            and k_cache.shape[:2] == v_cache.shape[:2] and k_cache.stride(3) == 1 and v_cache.stride(3) == 1
+            and k_cache.dtype in DTYPES and v_cache.dtype in DTYPES and slot_mapping.is_cuda
+            and slot_mapping.dim() == 1 and slot_mapping.shape[0] == q.shape[0] and not slot_mapping.is_floating_point())
+
+
+rotary_store_kv.supports = _rotary_store_kv_supports
 
 
 def gated_activation(x: torch.Tensor, activation: str) -> torch.Tensor:
@@ -100,4 +156,4 @@ gated_activation.supports = lambda x, activation: (
     and x.stride(-1) == 1 and x.reshape(-1, x.shape[-1]).stride(-1) == 1)
 
 OPS = {"rms_norm": rms_norm, "add_rms_norm": add_rms_norm, "rotary_qk": rotary_qk,
-       "gated_activation": gated_activation}
+       "rotary_store_kv": rotary_store_kv, "gated_activation": gated_activation}

@@ -1,5 +1,6 @@
 """Triton kernels for the small per-layer ops of a decoder step: RMSNorm (with the residual add),
-rotary embedding of q and k with the angles computed in place, and a gated activation.
+rotary embedding of q and k with the angles computed in place (optionally writing k and v into
+the paged KV cache in the same kernel), and a gated activation.
 
 Why: as torch expressions these ops are 5-20 kernels each (casts, reductions, cats, cos/sin of
 the same angles in every layer). A decode step replays them from a CUDA graph, so launch cost is
@@ -44,37 +45,71 @@ def rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, sum_ptr, n_cols, stride_x, s
 
 
 @triton.jit
-def _rotate(x_ptr, out_ptr, row, stride, stride_out, heads, cos, sin, HEAD_DIM: tl.constexpr, HALF: tl.constexpr,
-            BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr, PASS: tl.constexpr, BLOCK_PASS: tl.constexpr):
-    h = tl.arange(0, BLOCK_H)[:, None]
-    i = tl.arange(0, BLOCK_HALF)[None, :]
-    mask = (h < heads) & (i < HALF)
-    base = row * stride + h * HEAD_DIM
-    out = row * stride_out + h * HEAD_DIM
-    x1 = tl.load(x_ptr + base + i, mask=mask, other=0.0).to(tl.float32)
-    x2 = tl.load(x_ptr + base + HALF + i, mask=mask, other=0.0).to(tl.float32)
-    dtype = out_ptr.dtype.element_ty
-    tl.store(out_ptr + out + i, (x1 * cos - x2 * sin).to(dtype), mask=mask)
-    tl.store(out_ptr + out + HALF + i, (x2 * cos + x1 * sin).to(dtype), mask=mask)
-    if PASS > 0:  # features past rotary_dim are copied unchanged
-        p = tl.arange(0, BLOCK_PASS)[None, :]
-        pmask = (h < heads) & (p < PASS)
-        tl.store(out_ptr + out + 2 * HALF + p, tl.load(x_ptr + base + 2 * HALF + p, mask=pmask), mask=pmask)
+def _rotate_head(src, dst, cos, sin, HALF: tl.constexpr, BLOCK_HALF: tl.constexpr, PASS: tl.constexpr,
+                 BLOCK_PASS: tl.constexpr):
+    """Rotate-half of one head ``src[0:2*HALF]`` into ``dst``; features past the rotary part are
+    copied. The result is rounded to the source dtype (what the reference's output holds), then
+    to the destination's (a cache may hold another dtype, as ``store_kv`` casts)."""
+    i = tl.arange(0, BLOCK_HALF)
+    mask = i < HALF
+    x1 = tl.load(src + i, mask=mask, other=0.0).to(tl.float32)
+    x2 = tl.load(src + HALF + i, mask=mask, other=0.0).to(tl.float32)
+    dtype, out_dtype = src.dtype.element_ty, dst.dtype.element_ty
+    tl.store(dst + i, (x1 * cos - x2 * sin).to(dtype).to(out_dtype), mask=mask)
+    tl.store(dst + HALF + i, (x2 * cos + x1 * sin).to(dtype).to(out_dtype), mask=mask)
+    if PASS > 0:
+        p = tl.arange(0, BLOCK_PASS)
+        pmask = p < PASS
+        tl.store(dst + 2 * HALF + p, tl.load(src + 2 * HALF + p, mask=pmask).to(out_dtype), mask=pmask)
 
 
 @triton.jit
-def rotary_qk_kernel(pos_ptr, inv_freq_ptr, q_ptr, k_ptr, q_out_ptr, k_out_ptr, q_heads, k_heads, stride_q, stride_k,
-                     stride_qo, stride_ko,
-                     HEAD_DIM: tl.constexpr, HALF: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_QH: tl.constexpr,
-                     BLOCK_KH: tl.constexpr, PASS: tl.constexpr, BLOCK_PASS: tl.constexpr):
-    """One token per program: angles ``position * inv_freq`` (float32, as the reference), then
-    rotate-half on every head of q and of k."""
+def rotary_heads_kernel(pos_ptr, inv_freq_ptr, slot_ptr, q_ptr, k_ptr, v_ptr, q_out_ptr, k_out_ptr, v_out_ptr,
+                        q_heads, stride_q, stride_k, stride_v, stride_qo,
+                        stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
+                        HEAD_DIM: tl.constexpr, HALF: tl.constexpr, BLOCK_HALF: tl.constexpr, PASS: tl.constexpr,
+                        BLOCK_PASS: tl.constexpr, BLOCK_D: tl.constexpr, PAGE: tl.constexpr,
+                        STORE_KV: tl.constexpr):
+    """Program (token t, head h): rotates q head h (h < q_heads) into ``q_out[t]``, or kv head
+    ``h - q_heads`` of k into its destination, and with ``STORE_KV`` copies v's head there too.
+
+    k's destination is ``k_out + (s // PAGE) * stride_kb + (s % PAGE) * stride_ks + head * stride_kh``
+    with ``s`` the token's cache slot (``slot_ptr[t]``; < 0 is padding and writes nothing) when
+    ``STORE_KV``, else ``s = t`` with ``PAGE = 1`` (a plain [T, kv_heads * head_dim] output).
+
+    Why one head per program: at decode a token's q and k are a few KB, and a single program
+    rotating them all (the previous kernel) ran its loads and stores one after another (3.5 us
+    on an H100 for one token); one head each, every program does one load round trip and one
+    store, in parallel. The angles ``position * inv_freq`` (float32, as the reference) and their
+    cos/sin are computed per program, HALF values: cheaper than reading a table of them, which
+    would be a second memory round trip after the position's.
+    """
     row = tl.program_id(0).to(tl.int64)
-    i = tl.arange(0, BLOCK_HALF)[None, :]
-    angle = tl.load(pos_ptr + row).to(tl.float32) * tl.load(inv_freq_ptr + i, mask=i < HALF, other=0.0).to(tl.float32)
+    head = tl.program_id(1)
+    i = tl.arange(0, BLOCK_HALF)
+    freq = tl.load(inv_freq_ptr + i, mask=i < HALF, other=0.0).to(tl.float32)
+    angle = tl.load(pos_ptr + row).to(tl.float32) * freq
     cos, sin = libdevice.cos(angle), libdevice.sin(angle)   # accurate for large angles, unlike sin.approx
-    _rotate(q_ptr, q_out_ptr, row, stride_q, stride_qo, q_heads, cos, sin, HEAD_DIM, HALF, BLOCK_QH, BLOCK_HALF, PASS, BLOCK_PASS)
-    _rotate(k_ptr, k_out_ptr, row, stride_k, stride_ko, k_heads, cos, sin, HEAD_DIM, HALF, BLOCK_KH, BLOCK_HALF, PASS, BLOCK_PASS)
+    if head < q_heads:
+        _rotate_head(q_ptr + row * stride_q + head * HEAD_DIM, q_out_ptr + row * stride_qo + head * HEAD_DIM,
+                     cos, sin, HALF, BLOCK_HALF, PASS, BLOCK_PASS)
+    else:
+        kv = head - q_heads
+        if STORE_KV:
+            slot = tl.load(slot_ptr + row).to(tl.int64)
+        else:
+            slot = row
+        if slot >= 0:
+            block, offset = slot // PAGE, slot % PAGE
+            _rotate_head(k_ptr + row * stride_k + kv * HEAD_DIM,
+                         k_out_ptr + block * stride_kb + offset * stride_ks + kv * stride_kh,
+                         cos, sin, HALF, BLOCK_HALF, PASS, BLOCK_PASS)
+            if STORE_KV:
+                d = tl.arange(0, BLOCK_D)
+                dmask = d < HEAD_DIM
+                value = tl.load(v_ptr + row * stride_v + kv * HEAD_DIM + d, mask=dmask)
+                tl.store(v_out_ptr + block * stride_vb + offset * stride_vs + kv * stride_vh + d,
+                         value.to(v_out_ptr.dtype.element_ty), mask=dmask)
 
 
 @triton.jit

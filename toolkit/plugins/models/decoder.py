@@ -64,8 +64,8 @@ class DecoderAttention(nn.Module):
             tokens, hd = q.shape[0], self.attn.head_dim
             q = self.q_norm(q.reshape(tokens, -1, hd)).reshape(tokens, -1)
             k = self.k_norm(k.reshape(tokens, -1, hd)).reshape(tokens, -1)
-        q, k = self.rotary(positions, q, k)
-        return self.o_proj(self.attn(q, k, v, attn))
+        # rotary runs inside attention: with a KV cache, in the same op that stores k and v
+        return self.o_proj(self.attn(q, k, v, attn, rotary=self.rotary, positions=positions))
 
 
 class GatedMLP(nn.Module):
@@ -86,8 +86,24 @@ class GatedMLP(nn.Module):
         return self.down_proj(runtime.call("gated_activation", self.gate_up_proj(x), self.activation))
 
 
+def add_norm(norm: RMSNorm, hidden: torch.Tensor, residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(norm(hidden + residual), hidden + residual)`` as one op; the first layer has no residual yet.
+
+    Layers pass the residual stream on instead of adding their output to it, so that every
+    residual add is the one in the next norm's kernel (and the model's final norm absorbs the
+    last); the sum is rounded to the activation dtype exactly as a separate add would round it.
+    """
+    if residual is None:
+        return norm(hidden), hidden
+    return norm.forward_add(hidden, residual)
+
+
 class LlamaDecoderLayer(nn.Module):
-    """Pre-norm block: x + attn(norm(x)), then x + mlp(norm(x))."""
+    """Pre-norm block: x + attn(norm(x)), then x + mlp(norm(x)).
+
+    ``forward(positions, hidden, residual, attn) -> (hidden, residual)``: the block's output and
+    the residual stream it has not yet been added to (see ``add_norm``).
+    """
 
     def __init__(self, config: ModelConfig, options: AttentionOptions, *, quant, parallel, prefix: str):
         super().__init__()
@@ -97,14 +113,19 @@ class LlamaDecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype=dtype)
         self.mlp = GatedMLP(config, quant=quant, parallel=parallel, prefix=f"{prefix}.mlp")
 
-    def forward(self, positions, hidden, attn):
-        attended = self.self_attn(positions, self.input_layernorm(hidden), attn)
-        normed, hidden = self.post_attention_layernorm.forward_add(attended, hidden)  # residual add + norm: one op
-        return hidden + self.mlp(normed)
+    def forward(self, positions, hidden, residual, attn):
+        normed, residual = add_norm(self.input_layernorm, hidden, residual)
+        attended = self.self_attn(positions, normed, attn)
+        normed, residual = self.post_attention_layernorm.forward_add(attended, residual)
+        return self.mlp(normed), residual
 
 
 class DecoderModel(nn.Module):
-    """Embedding, a stack of layers built by ``make_layer(index, prefix)``, final norm."""
+    """Embedding, a stack of layers built by ``make_layer(index, prefix)``, final norm.
+
+    Each layer is called ``layer(positions, hidden, residual, attn) -> (hidden, residual)``; the
+    final norm adds the last layer's output to the residual stream.
+    """
 
     def __init__(self, config: ModelConfig, make_layer, *, quant, parallel, norm_offset: float = 0.0,
                  embed_scale: float | None = None):
@@ -120,9 +141,10 @@ class DecoderModel(nn.Module):
         hidden = self.embed_tokens(input_ids)
         if self.embed_scale is not None:  # Gemma: scaled in the activation dtype, as transformers does
             hidden = hidden * torch.tensor(self.embed_scale, dtype=hidden.dtype)
+        residual = None
         for layer in self.layers:
-            hidden = layer(positions, hidden, attn)
-        return self.norm(hidden)
+            hidden, residual = layer(positions, hidden, residual, attn)
+        return add_norm(self.norm, hidden, residual)[0]
 
 
 class CausalLM(nn.Module):

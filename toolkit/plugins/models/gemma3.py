@@ -35,7 +35,7 @@ from toolkit.core.hookspecs import hookimpl
 from toolkit.core.layers import AttentionMetadata, RMSNorm
 from toolkit.core.names import HFNameMap, MappedName, NameContext
 
-from .decoder import PACKED_MODULES, AttentionOptions, CausalLM, DecoderAttention, DecoderModel, GatedMLP
+from .decoder import PACKED_MODULES, AttentionOptions, CausalLM, DecoderAttention, DecoderModel, GatedMLP, add_norm
 
 SLIDING, FULL = "sliding_attention", "full_attention"
 NORM_OFFSET = 1.0  # Gemma stores w and scales by (1 + w)
@@ -147,10 +147,14 @@ class Gemma3DecoderLayer(nn.Module):
         self.mlp = GatedMLP(config, quant=quant, parallel=parallel, prefix=f"{prefix}.mlp")
         self.post_feedforward_layernorm = _norm(config, quant)
 
-    def forward(self, positions: torch.Tensor, hidden: torch.Tensor, attn: AttentionMetadata) -> torch.Tensor:
-        attended = self.self_attn(positions, self.input_layernorm(hidden), attn)
-        hidden = hidden + self.post_attention_layernorm(attended)
-        return hidden + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(hidden)))
+    def forward(self, positions: torch.Tensor, hidden: torch.Tensor, residual: torch.Tensor | None,
+                attn: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:
+        """``-> (hidden, residual)``: both residual adds are the ones fused into the next norm
+        (the pre-feedforward norm here, the next layer's input norm or the final norm after)."""
+        normed, residual = add_norm(self.input_layernorm, hidden, residual)
+        attended = self.post_attention_layernorm(self.self_attn(positions, normed, attn))
+        normed, residual = self.pre_feedforward_layernorm.forward_add(attended, residual)
+        return self.post_feedforward_layernorm(self.mlp(normed)), residual
 
 
 def _norm(config: Gemma3Config, quant) -> RMSNorm:

@@ -26,7 +26,7 @@ from toolkit.core.layers.moe import FusedMoE, MoERouter
 from toolkit.core.names import MappedName, NameContext, map_hf_name
 from toolkit.kernels import runtime
 
-from .decoder import AttentionOptions, DecoderAttention, GatedMLP
+from .decoder import AttentionOptions, DecoderAttention, GatedMLP, add_norm
 
 
 @dataclass
@@ -104,10 +104,12 @@ class MoEDecoderLayer(nn.Module):
         block = SparseMoEBlock if config.is_sparse(index) else GatedMLP
         self.mlp = block(config, quant=quant, parallel=parallel, prefix=f"{prefix}.mlp")
 
-    def forward(self, positions, hidden, attn):
-        attended = self.self_attn(positions, self.input_layernorm(hidden), attn)
-        normed, hidden = self.post_attention_layernorm.forward_add(attended, hidden)  # residual add + norm: one op
-        return hidden + self.mlp(normed)
+    def forward(self, positions, hidden, residual, attn):
+        """``-> (hidden, residual)`` as ``LlamaDecoderLayer.forward``."""
+        normed, residual = add_norm(self.input_layernorm, hidden, residual)
+        attended = self.self_attn(positions, normed, attn)
+        normed, residual = self.post_attention_layernorm.forward_add(attended, residual)
+        return self.mlp(normed), residual
 
 
 # ---- Hugging Face names ---------------------------------------------------------------------------

@@ -36,7 +36,7 @@ from toolkit.core.layers import (Attention, AttentionMetadata, QKVParallelLinear
 from toolkit.core.names import MappedName, NameContext
 from toolkit.core.params import require_divisible
 
-from .decoder import PACKED_MODULES, CausalLM, DecoderModel, GatedMLP
+from .decoder import PACKED_MODULES, CausalLM, DecoderModel, GatedMLP, add_norm
 from .gated_deltanet import IN_PROJ_MEMBERS, GatedDeltaNet
 from .qwen3_next_layout import Qwen3NextHFNamer
 from .moe import EXPERT_COUNT_KEYS, MoEConfig, MoENameMap, SparseMoEBlock, moe_fields
@@ -151,8 +151,8 @@ class GatedAttention(nn.Module):
         q, gate = query_gate[..., :hd], query_gate[..., hd:].reshape(tokens, -1)
         q = self.q_norm(q).reshape(tokens, -1)
         k = self.k_norm(k.reshape(tokens, -1, hd)).reshape(tokens, -1)
-        q, k = self.rotary(positions, q, k)
-        return self.o_proj(self.attn(q, k, v, attn) * torch.sigmoid(gate))
+        attended = self.attn(q, k, v, attn, rotary=self.rotary, positions=positions)  # rotary (+ KV store) inside
+        return self.o_proj(attended * torch.sigmoid(gate))
 
 
 class HybridDecoderLayer(nn.Module):
@@ -172,11 +172,13 @@ class HybridDecoderLayer(nn.Module):
         block = SparseMoEBlock if config.is_sparse(index) else GatedMLP
         self.mlp = block(config, quant=quant, parallel=parallel, prefix=f"{prefix}.mlp")
 
-    def forward(self, positions: torch.Tensor, hidden: torch.Tensor, attn: AttentionMetadata) -> torch.Tensor:
-        normed = self.input_layernorm(hidden)
+    def forward(self, positions: torch.Tensor, hidden: torch.Tensor, residual: torch.Tensor | None,
+                attn: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:
+        """``-> (hidden, residual)`` as the decoder's ``LlamaDecoderLayer.forward``."""
+        normed, residual = add_norm(self.input_layernorm, hidden, residual)
         mixed = self.linear_attn(normed, attn) if self.is_linear else self.self_attn(positions, normed, attn)
-        hidden = hidden + mixed
-        return hidden + self.mlp(self.post_attention_layernorm(hidden))
+        normed, residual = self.post_attention_layernorm.forward_add(mixed, residual)
+        return self.mlp(normed), residual
 
 
 def build(config: HybridConfig, quant, parallel) -> CausalLM:
