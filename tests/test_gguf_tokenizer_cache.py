@@ -66,3 +66,88 @@ def test_entry_text_reads_back_the_same_tokenizer(tmp_path, monkeypatch):
     text = tokenizer_cache.entry_text(spaced)
     assert json.loads(text)["model"]["merges"] == [["a", " "], ["a ", "b"]]
     assert Tokenizer.from_str(text).encode("a b").ids == spaced.encode("a b").ids == [4]
+
+
+def _fail_if_checked(monkeypatch):
+    """Makes the full checks raise, so a test sees whether they ran."""
+    from toolkit.plugins.loaders.gguf import tokenizer_checks
+
+    def ran(*args, **kwargs):
+        raise AssertionError("the full tokenizer checks ran")
+
+    monkeypatch.setattr(tokenizer_checks, "_check_parallel_arrays", ran)
+
+
+def test_a_hit_skips_the_checks_a_miss_does_not(tmp_path, monkeypatch):
+    """An entry exists only for metadata that passed the checks, so on a hit they are skipped."""
+    from toolkit.plugins.loaders.gguf.tokenizer_checks import check_tokenizer_metadata
+
+    monkeypatch.setenv(tokenizer_cache.ENV, str(tmp_path / "cache"))
+    path = write_gguf(tmp_path / "a.gguf", load_vocab("sentencepiece"), model="llama")
+    build_tokenizer(_metadata(path))  # fills the cache
+    with monkeypatch.context() as patch:
+        _fail_if_checked(patch)
+        hit = _metadata(path)
+        check_tokenizer_metadata(hit)  # skipped: the entry vouches for these bytes
+        assert "tokenizer.ggml.tokens" not in hit._cache  # nothing decoded  # noqa: SLF001
+        assert build_tokenizer(hit).encode("Hello world") == build_tokenizer(_metadata(path)).encode("Hello world")
+        # without the cache (or with trust_cache=False) they run
+        with pytest.raises(AssertionError, match="checks ran"):
+            check_tokenizer_metadata(_metadata(path), trust_cache=False)
+        patch.setenv(tokenizer_cache.ENV, "off")
+        with pytest.raises(AssertionError, match="checks ran"):
+            check_tokenizer_metadata(_metadata(path))
+
+
+def test_metadata_that_fails_the_checks_is_never_stored(tmp_path, monkeypatch):
+    """cached_backend checks before it builds, so a bad vocabulary leaves no entry to vouch for it."""
+    from toolkit.core.errors import InvalidConfigError
+
+    monkeypatch.setenv(tokenizer_cache.ENV, str(tmp_path / "cache"))
+    vocab = load_vocab("sentencepiece")
+    vocab = dict(vocab, ids={**vocab.get("ids", {}), "bos_token_id": len(vocab["tokens"]) + 5})
+    bad = _metadata(write_gguf(tmp_path / "bad.gguf", vocab, model="llama"))
+    with pytest.raises(InvalidConfigError, match="bos_token_id"):
+        build_tokenizer(bad)
+    assert not list((tmp_path / "cache").glob("*"))
+    assert not tokenizer_cache.checked_before(bad)
+
+
+def test_an_older_builders_entry_is_ignored(tmp_path, monkeypatch):
+    """An entry written by another BUILDER_VERSION has another key: not read, not trusted."""
+    monkeypatch.setenv(tokenizer_cache.ENV, str(tmp_path / "cache"))
+    path = write_gguf(tmp_path / "a.gguf", load_vocab("byte_level"), model="gpt2", pre="qwen2")
+    with monkeypatch.context() as patch:
+        patch.setattr(tokenizer_cache, "BUILDER_VERSION", "old")
+        old = _metadata(path)
+        build_tokenizer(old)
+        assert tokenizer_cache.checked_before(old)
+    (old_entry,) = (tmp_path / "cache").glob("*.json")
+    old_entry.write_text('{"version":"1.0","model":{"type":"BPE","vocab":{},"merges":[]}}')  # a wrong tokenizer
+    now = _metadata(path)
+    assert tokenizer_cache.cache_key(now) != tokenizer_cache.cache_key(old)
+    assert not tokenizer_cache.checked_before(now)
+    calls = []
+    backend = tokenizer_cache.cached_backend(now, lambda m: calls.append(m) or build_backend(m))
+    assert len(calls) == 1  # built, not read from the old entry
+    assert backend.encode("Hello world").ids == build_backend(_metadata(path)).encode("Hello world").ids
+    assert len(list((tmp_path / "cache").glob("*.json"))) == 2
+
+
+def test_a_failed_write_leaves_no_entry(tmp_path, monkeypatch):
+    """Entries are renamed into place: a write that fails midway leaves neither an entry nor a
+    partial file, warns, and the tokenizer is still returned (the next load rebuilds)."""
+    monkeypatch.setenv(tokenizer_cache.ENV, str(tmp_path / "cache"))
+    path = write_gguf(tmp_path / "a.gguf", load_vocab("byte_level"), model="gpt2", pre="qwen2")
+
+    def half_written(backend):
+        raise OSError("disk full")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(tokenizer_cache, "entry_text", half_written)
+        with pytest.warns(UserWarning, match="could not write the tokenizer cache entry"):
+            assert build_tokenizer(_metadata(path)) is not None
+    assert not list((tmp_path / "cache").iterdir())
+    assert not tokenizer_cache.checked_before(_metadata(path))
+    build_tokenizer(_metadata(path))
+    assert len(list((tmp_path / "cache").glob("*.json"))) == 1

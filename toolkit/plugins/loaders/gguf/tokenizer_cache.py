@@ -9,7 +9,13 @@ taken straight from the file's memory map without decoding a string.
 Location: ``$TOOLKIT_TOKENIZER_CACHE`` if set (empty or ``off`` disables the cache), else
 ``$XDG_CACHE_HOME/toolkit/tokenizers`` (``~/.cache/toolkit/tokenizers``). Entries are written to
 a temporary file and renamed into place, so concurrent processes never read a partial entry;
-an unreadable entry is rebuilt and rewritten, with a warning.
+an unreadable entry is rebuilt and rewritten, with a warning. An entry from an older builder
+has another key, so it is never read (nor removed: another checkout may still use it).
+
+An entry is written only for metadata that passed ``check_tokenizer_metadata``, so an entry
+under a key says that those exact bytes passed the checks: ``checked_before`` lets the checks
+at open time be skipped on a hit (they decode and compare every token and merge: ~0.05-0.1 s
+for Gemma 3's 262k tokens, more for vocabularies with merges).
 """
 from __future__ import annotations
 
@@ -27,8 +33,9 @@ from tokenizers import Tokenizer
 
 from .metadata import Metadata
 
-# bump when the builder would produce a different tokenizer from the same metadata
-BUILDER_VERSION = "5"
+# bump when the builder would produce a different tokenizer from the same metadata, or when the
+# checks (tokenizer_checks.py) would refuse metadata they accepted before
+BUILDER_VERSION = "6"
 ENV = "TOOLKIT_TOKENIZER_CACHE"
 
 
@@ -42,7 +49,16 @@ def cache_dir() -> Path | None:
 
 
 def cache_key(metadata: Metadata) -> str:
-    """A hash of what the tokenizer is built from (raw field bytes, not decoded values)."""
+    """A hash of what the tokenizer is built from (raw field bytes, not decoded values); computed
+    once per ``Metadata`` (the checks at open time and the build both ask for it)."""
+    key = vars(metadata).get("_tokenizer_cache_key")
+    if key is None:
+        key = _hash(metadata)
+        vars(metadata)["_tokenizer_cache_key"] = key
+    return key
+
+
+def _hash(metadata: Metadata) -> str:
     digest = hashlib.blake2b(digest_size=20)
     digest.update(f"{BUILDER_VERSION}|{tokenizers.__version__}|".encode())
     digest.update(str(metadata.get("general.architecture")).encode())
@@ -68,18 +84,37 @@ def _raw_bytes(metadata: Metadata, key: str) -> memoryview | bytes:
     return memoryview((ctypes.c_char * (end - start)).from_address(start)).cast("B")
 
 
-def cached_backend(metadata: Metadata, build: Callable[[Metadata], Tokenizer | None]) -> Tokenizer | None:
-    """``build(metadata)``, read from the cache when the same metadata was built before."""
+def entry_path(metadata: Metadata) -> Path | None:
+    """Where the entry for this metadata is (or would be) kept; None when caching is off."""
     folder = cache_dir()
-    if folder is None:
+    return None if folder is None else folder / f"{cache_key(metadata)}.json"
+
+
+def checked_before(metadata: Metadata) -> bool:
+    """Whether the cache holds an entry for exactly this tokenizer metadata, which was therefore
+    checked when the entry was written (``cached_backend`` checks before it stores)."""
+    if "tokenizer.ggml.tokens" not in metadata:
+        return False
+    path = entry_path(metadata)
+    return path is not None and path.is_file()
+
+
+def cached_backend(metadata: Metadata, build: Callable[[Metadata], Tokenizer | None]) -> Tokenizer | None:
+    """``build(metadata)``, read from the cache when the same metadata was built before. A miss
+    runs ``check_tokenizer_metadata`` before building (the checks at open time may have been
+    skipped for an entry that turned out unreadable), so every stored entry was checked."""
+    path = entry_path(metadata)
+    if path is None:
         return build(metadata)
-    path = folder / f"{cache_key(metadata)}.json"
     if path.is_file():
         try:
             return Tokenizer.from_file(str(path))
         except Exception as exc:  # noqa: BLE001 - a damaged entry is rebuilt (and replaced) below
             warnings.warn(f"{metadata.file}: ignoring the unreadable cached tokenizer {path} "
                           f"({type(exc).__name__}: {str(exc)[:200]}); rebuilding it", stacklevel=3)
+    from .tokenizer_checks import check_tokenizer_metadata  # noqa: PLC0415 - the checks import this module
+
+    check_tokenizer_metadata(metadata, trust_cache=False)
     backend = build(metadata)
     if backend is not None:
         _store(path, backend)
@@ -108,7 +143,8 @@ def entry_text(backend: Tokenizer) -> str:
 
 
 def _store(path: Path, backend: Tokenizer) -> None:
-    """Write atomically; a cache that cannot be written only costs the next load its time."""
+    """Write atomically (a temporary file renamed into place; removed if anything fails): a cache
+    that cannot be written only costs the next load its time, so nothing here fails the load."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         handle, partial = tempfile.mkstemp(dir=path.parent, prefix=path.stem, suffix=".partial")
@@ -119,5 +155,6 @@ def _store(path: Path, backend: Tokenizer) -> None:
         finally:
             if os.path.exists(partial):
                 os.unlink(partial)
-    except OSError:
-        pass
+    except Exception as exc:  # noqa: BLE001 - see above
+        warnings.warn(f"could not write the tokenizer cache entry {path} ({type(exc).__name__}: {str(exc)[:200]})",
+                      stacklevel=4)

@@ -20,6 +20,7 @@ from toolkit.core import validate as v
 from toolkit.core.errors import InvalidConfigError, MissingMetadataError
 
 from .metadata import Metadata
+from .tokenizer_cache import checked_before
 
 PREFIX = "tokenizer.ggml."
 TOKEN_IDS = ("bos_token_id", "eos_token_id", "eot_token_id", "eom_token_id", "unknown_token_id",
@@ -30,16 +31,26 @@ NUMERIC = {GGUFValueType.UINT8, GGUFValueType.INT8, GGUFValueType.UINT16, GGUFVa
            GGUFValueType.UINT32, GGUFValueType.INT32, GGUFValueType.UINT64, GGUFValueType.INT64,
            GGUFValueType.FLOAT32, GGUFValueType.FLOAT64}
 INTEGER = NUMERIC - {GGUFValueType.FLOAT32, GGUFValueType.FLOAT64}
+CHECKED = "_tokenizer_checked"  # set on a Metadata that passed every check
 # Architectures whose SentencePiece merges come from the token order, not the scores (see tokenizer.py)
 ORDER_MERGES_ARCHS = ("gemma", "gemma2", "gemma3")
 
 
-def check_tokenizer_metadata(metadata: Metadata) -> None:
-    """InvalidConfigError / MissingMetadataError / CorruptFileError naming the file and the key."""
+def check_tokenizer_metadata(metadata: Metadata, *, trust_cache: bool = True) -> None:
+    """InvalidConfigError / MissingMetadataError / CorruptFileError naming the file and the key.
+
+    Metadata is read-only, so a ``Metadata`` that passed once is not checked again. With
+    ``trust_cache``, metadata whose exact bytes the tokenizer cache holds an entry for passed these
+    checks when that entry was written (``tokenizer_cache.checked_before``), so only the chat
+    template (not part of the cache key) is checked."""
     tokens_key = PREFIX + "tokens"
     if tokens_key not in metadata:
         return
     file = metadata.file
+    if "tokenizer.chat_template" in metadata:
+        v.text(metadata["tokenizer.chat_template"], key="tokenizer.chat_template", file=file, allow_empty=True)
+    if vars(metadata).get(CHECKED) or (trust_cache and checked_before(metadata)):
+        return
     _expect_array(metadata, tokens_key, {GGUFValueType.STRING}, "strings")
     if PREFIX + "merges" in metadata:
         metadata[tokens_key]  # the merge check needs the strings (decoding errors are typed by Metadata)
@@ -57,14 +68,13 @@ def check_tokenizer_metadata(metadata: Metadata) -> None:
     for suffix in TOKEN_IDS:
         if PREFIX + suffix in metadata:
             v.integer(metadata[PREFIX + suffix], key=PREFIX + suffix, file=file, minimum=0, maximum=count - 1)
-    if "tokenizer.chat_template" in metadata:
-        v.text(metadata["tokenizer.chat_template"], key="tokenizer.chat_template", file=file, allow_empty=True)
     _check_parallel_arrays(metadata, count)
     # llama.cpp stores SentencePiece spaces as " " in some vocabularies (Gemma) and "\u2581" in merges
     if PREFIX + "merges" in metadata:
         tokens = metadata[tokens_key]
         _check_merges(metadata, set(tokens) | {token.replace(" ", "\u2581") for token in tokens})
     _check_scores_needed(metadata)
+    vars(metadata)[CHECKED] = True
 
 
 def _expect_array(metadata: Metadata, key: str, item_types: set, what: str) -> None:
