@@ -25,6 +25,7 @@ from gguf.constants import GGUF_MAGIC
 
 from toolkit.core.errors import CheckpointError, CorruptFileError, UnsupportedQuantTypeError
 
+from . import string_index
 from .fields import NumericArrayField, StringArrayField
 
 MAGIC = struct.pack("<I", GGUF_MAGIC)  # b"GGUF"
@@ -166,10 +167,22 @@ class FastGGUFReader(GGUFReader):
 
     def _string_starts(self, start: int, count: int) -> tuple[np.ndarray, int]:
         """Where each of ``count`` strings' bytes begin, and where the last ends (one pass over the
-        lengths: each string's position depends on every length before it)."""
+        lengths: each string's position depends on every length before it). A large array's starts
+        are kept between loads and reused once the file's bytes prove them (``string_index.py``)."""
         end = len(self.data)
         if start + 8 * count > end:
             raise self._corrupt(f"metadata array of {count} strings at byte {start} runs past the end of the file")
+        if count < string_index.MIN_STRINGS:
+            return self._scan_string_starts(start, count)
+        kept = string_index.load(self.path, self._bytes(), start, count)
+        if kept is not None:
+            return kept
+        starts, stop = self._scan_string_starts(start, count)
+        string_index.store(self.path, start, count, starts)
+        return starts, stop
+
+    def _scan_string_starts(self, start: int, count: int) -> tuple[np.ndarray, int]:
+        end = len(self.data)
         buffer = memoryview(self._bytes())
         length_at = struct.Struct("<Q").unpack_from
         starts = np.empty(count, dtype=np.int64)

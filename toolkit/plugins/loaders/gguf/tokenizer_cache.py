@@ -31,21 +31,12 @@ from typing import Callable
 import tokenizers
 from tokenizers import Tokenizer
 
+from .cache_paths import ENV, cache_dir  # noqa: F401 - ENV is part of this module's interface
 from .metadata import Metadata
 
 # bump when the builder would produce a different tokenizer from the same metadata, or when the
 # checks (tokenizer_checks.py) would refuse metadata they accepted before
 BUILDER_VERSION = "6"
-ENV = "TOOLKIT_TOKENIZER_CACHE"
-
-
-def cache_dir() -> Path | None:
-    """Where built tokenizers are kept, or None when caching is off."""
-    override = os.environ.get(ENV)
-    if override is not None:
-        return None if override.strip().lower() in ("", "0", "off", "none") else Path(override)
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "toolkit" / "tokenizers"
 
 
 def cache_key(metadata: Metadata) -> str:
