@@ -20,7 +20,6 @@ from toolkit.core import validate as v
 from toolkit.core.errors import InvalidConfigError, MissingMetadataError
 
 from .metadata import Metadata
-from .tokenizer_cache import checked_before
 
 PREFIX = "tokenizer.ggml."
 TOKEN_IDS = ("bos_token_id", "eos_token_id", "eot_token_id", "eom_token_id", "unknown_token_id",
@@ -49,8 +48,13 @@ def check_tokenizer_metadata(metadata: Metadata, *, trust_cache: bool = True) ->
     file = metadata.file
     if "tokenizer.chat_template" in metadata:
         v.text(metadata["tokenizer.chat_template"], key="tokenizer.chat_template", file=file, allow_empty=True)
-    if vars(metadata).get(CHECKED) or (trust_cache and checked_before(metadata)):
+    if vars(metadata).get(CHECKED):
         return
+    if trust_cache:
+        from .tokenizer_cache import checked_before  # noqa: PLC0415 - imports tokenizers, which the plugin's import need not
+
+        if checked_before(metadata):
+            return
     _expect_array(metadata, tokens_key, {GGUFValueType.STRING}, "strings")
     if PREFIX + "merges" in metadata:
         metadata[tokens_key]  # the merge check needs the strings (decoding errors are typed by Metadata)
