@@ -6,7 +6,8 @@ needs it. It opens the file (``open_reader``: parsing the metadata), checks the 
 metadata, calls ``build_tokenizer`` and encodes one sentence; the steps are timed separately.
 The CPU time of those steps (``time.process_time``) is printed too: on a shared machine it
 moves less with the load than the wall time. Cold runs have the cache off (``TOOLKIT_TOKENIZER_CACHE=off``); warm runs share a temporary
-cache that one untimed run filled first. Medians of ``--repeats`` runs are printed.
+cache that one untimed run filled first (the same folder keeps the reader's string indexes,
+string_index.py, so a warm run's open is faster too). Medians of ``--repeats`` runs are printed.
 
 ``--baseline SRC`` also runs another checkout's ``toolkit`` (a folder holding its ``toolkit/``
 package, e.g. from ``git archive main toolkit | tar -x -C /tmp/base``), alternating its runs

@@ -67,7 +67,7 @@ def prove(raw: np.ndarray, start: int, starts: np.ndarray) -> int | None:
     """Where the chain's last string ends if ``starts`` is exactly the chain of strings that begins
     at byte ``start`` of ``raw`` (a uint8 array of the whole file), else None."""
     count = len(starts)
-    if count == 0 or int(starts[0]) != start + 8:
+    if count == 0 or len(raw) < 8 or int(starts[0]) != start + 8:
         return None
     heads = starts - 8
     if int(heads.min()) < start or int(starts.max()) > len(raw):
