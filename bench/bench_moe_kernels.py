@@ -1,4 +1,4 @@
-"""Time the Triton fused MoE at Qwen3-30B-A3B's layer shape (Q4_K gate/up, Q6_K down, top-8 of 128 experts), in CUDA graphs.
+"""Time the Triton fused MoE at Qwen3-30B-A3B's layer shape (Q4_K gate/up, Q6_K down, top-8 of 128 experts).
 
 Usage (on a CUDA device):
     python bench/bench_moe_kernels.py                        # the dispatched kernels, T = 1, 8, 32, 64, 512

@@ -81,7 +81,8 @@ def _weights(qtype, rows: int, cols: int, seed: int):
     blocks = rng.integers(0, 256, (rows * cols // block, nbytes), dtype=np.uint8)
     for offset in (FP16_D[qtype], FP16_DMIN.get(qtype)):
         if offset is not None:
-            blocks[:, offset:offset + 2] = rng.uniform(-0.02, 0.02, (blocks.shape[0], 1)).astype(np.float16).view(np.uint8)
+            scale = rng.uniform(-0.02, 0.02, (blocks.shape[0], 1)).astype(np.float16)
+            blocks[:, offset:offset + 2] = scale.view(np.uint8)
     packed = blocks.reshape(rows, -1)
 
     def deq(data):
@@ -149,9 +150,9 @@ def test_grouped_moe_mmq_kernel(qtype):
     route_weights = torch.rand(routes, generator=torch.Generator().manual_seed(6))
     w_route = weight.view(experts, rows, cols)[ids.reshape(-1)]                        # [routes, rows, cols]
     m_route = magnitude.view(experts, rows, cols)[ids.reshape(-1)]
+    random_x = torch.randn(routes, cols, generator=torch.Generator().manual_seed(9))
     for bm, per_route, exact_int8, x in ((16, False, True, _exact_int8(tokens, cols, 7)),
-                                         (32, True, True, _exact_int8(routes, cols, 8)),
-                                         (16, True, False, torch.randn(routes, cols, generator=torch.Generator().manual_seed(9)))):
+                                         (32, True, True, _exact_int8(routes, cols, 8)), (16, True, False, random_x)):
         route, block_expert = moe_triton.align_routes(ids, experts, bm)
         weights = route_weights if per_route else None
         got = triton_moe.mmq_routes(x, packed, int(qtype), cols, rows, route, block_expert, weights, bm, top_k,
