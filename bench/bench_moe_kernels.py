@@ -1,32 +1,118 @@
-"""Time the Triton fused MoE at Qwen3-30B-A3B's layer shape (Q4_K gate/up, Q6_K down, top-8 of 128 experts), in CUDA graphs.
+"""Time the Triton fused MoE at Qwen3-30B-A3B's layer shape (Q4_K gate/up, Q6_K down, top-8 of 128 experts).
 
-Usage (on a CUDA device): python bench/bench_moe_kernels.py
+Usage (on a CUDA device):
+    python bench/bench_moe_kernels.py                        # the dispatched kernels, T = 1, 8, 32, 64, 512
+    python bench/bench_moe_kernels.py --ab                   # route blocks: int8 tensor cores vs the float kernel
+    python bench/bench_moe_kernels.py --ab --bm 16,32,64     # ... at several route-block sizes (BM)
+    python bench/bench_moe_kernels.py --ab --sweep           # ... and more int8 launches (BN, warps, stages)
+    python bench/bench_moe_kernels.py --ab --down Q4_K       # another down type (Q4_0, Q8_0, Q4_K, Q5_K, Q6_K)
+
+One MoE layer's experts are ~390 MB, beyond any L2 cache, so one layer per graph replay. ``--ab`` times the
+variants interleaved (best of 2 passes of 20-replay medians) and prints each one's largest difference from
+the float kernel's output relative to that output's largest magnitude (int8 rounding: ~1e-2 expected).
+Token counts at or below the one-route-per-program limit (``TOOLKIT_MOE_DECODE_ROUTES``, 64 routes: T <= 8)
+run the dp4a GEMV whatever the variant; ``--ab`` skips them.
 """
+from __future__ import annotations
+
+import argparse
+import os
+
 import torch
 from gguf import GGMLQuantizationType as Q
-from toolkit.kernels import runtime
+
+from bench_gguf_kernels import time_variants
+from toolkit.kernels import moe_triton, runtime
+from toolkit.kernels.gguf_moe import triton_moe
 from toolkit.kernels.gguf_quant import quantize
 
 E, H, I, K = 128, 2048, 768, 8
-g = torch.Generator(device="cuda").manual_seed(0)
-gu = quantize(torch.randn(E * 2 * I, H, device="cuda", generator=g) * 0.02, Q.Q4_K)
-dn = quantize(torch.randn(E * H, I, device="cuda", generator=g) * 0.02, Q.Q6_K)
-for T in (1, 8, 32, 512):
-    x = torch.randn(T, H, device="cuda", dtype=torch.bfloat16)
-    w, ids = runtime.call("moe_route", torch.randn(T, E, device="cuda"), K, True)
-    args = (x, gu, int(Q.Q4_K), dn, int(Q.Q6_K), w, ids)
-    fn = runtime.resolve("gguf_fused_moe", *args)
-    for _ in range(3):
-        fn(*args)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = fn(*args)
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(20):
-        graph.replay()
-    end.record(); torch.cuda.synchronize()
-    ms = start.elapsed_time(end) / 20
-    bytes_read = min(E, T * K) * (gu.shape[0] // E * gu.shape[1] + dn.shape[0] // E * dn.shape[1])
-    print(f"T={T:4d} triton fused MoE (CUDA graph) {ms:.3f} ms  ~{bytes_read / ms / 1e6:.0f} GB/s of expert bytes")
+
+
+def layer(gate_up_type: str, down_type: str):
+    g = torch.Generator(device="cuda").manual_seed(0)
+    gu = quantize(torch.randn(E * 2 * I, H, device="cuda", generator=g) * 0.02, Q[gate_up_type])
+    dn = quantize(torch.randn(E * H, I, device="cuda", generator=g) * 0.02, Q[down_type])
+    return gu, int(Q[gate_up_type]), dn, int(Q[down_type])
+
+
+def expert_gigabytes(tokens: int, gu, dn) -> float:
+    return min(E, tokens * K) * (gu.shape[0] // E * gu.shape[1] + dn.shape[0] // E * dn.shape[1]) / 1e9
+
+
+def variant(fn, args, int8: bool, bm: int, config=None):
+    """``fn(*args)`` with the route blocks on int8 tensor cores or not, BM routes a block, and an int8
+    launch ``(BN, warps, stages)``; the settings hold while the graph is captured (what it replays)."""
+    def run():
+        saved = os.environ.get("TOOLKIT_MOE_INT8"), moe_triton.BM_GROUPED, dict(triton_moe.MMQ_ROUTE)
+        os.environ["TOOLKIT_MOE_INT8"] = "1" if int8 else "0"
+        moe_triton.BM_GROUPED = bm
+        if config:
+            triton_moe.MMQ_ROUTE.update({name: config for name in (*triton_moe.MMQ_ROUTE, "default")})
+        try:
+            return fn(*args)
+        finally:
+            if saved[0] is None:
+                os.environ.pop("TOOLKIT_MOE_INT8")
+            else:
+                os.environ["TOOLKIT_MOE_INT8"] = saved[0]
+            moe_triton.BM_GROUPED = saved[1]
+            triton_moe.MMQ_ROUTE.clear()
+            triton_moe.MMQ_ROUTE.update(saved[2])
+    return run
+
+
+SWEEP = [(32, 2, 3), (64, 4, 2), (64, 8, 3), (128, 4, 3), (128, 8, 3)]   # int8 launches: BN, warps, stages
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--tokens", default="1,8,32,64,512")
+    parser.add_argument("--ab", action="store_true", help="route blocks: int8 tensor cores vs the float kernel")
+    parser.add_argument("--bm", default="16", help="route-block sizes (BM) for --ab, comma-separated")
+    parser.add_argument("--sweep", action="store_true", help="with --ab: more int8 launches (BN, warps, stages)")
+    parser.add_argument("--gate-up", default="Q4_K")
+    parser.add_argument("--down", default="Q6_K")
+    opts = parser.parse_args()
+    gu, gu_type, dn, dn_type = layer(opts.gate_up, opts.down)
+    print(f"{torch.cuda.get_device_name()}: E={E} H={H} I={I} top-{K}, gate_up {opts.gate_up}, down {opts.down}; "
+          f"int8 launch {triton_moe.MMQ_ROUTE} (BN, warps, stages)")
+    for tokens in (int(t) for t in opts.tokens.split(",")):
+        x = torch.randn(tokens, H, device="cuda", dtype=torch.bfloat16)
+        w, ids = runtime.call("moe_route", torch.randn(tokens, E, device="cuda"), K, True)
+        args = (x, gu, gu_type, dn, dn_type, w, ids)
+        fn = runtime.resolve("gguf_fused_moe", *args)
+        gigabytes = expert_gigabytes(tokens, gu, dn)
+        if not opts.ab:
+            us = time_variants({"dispatched": lambda: fn(*args)}, 1)["dispatched"]
+            print(f"T={tokens:4d} triton fused MoE (CUDA graph) {us / 1000:.3f} ms  ~{gigabytes / us * 1e6:.0f} GB/s "
+                  f"of expert bytes")
+            continue
+        if tokens * K <= moe_triton.DECODE_ROUTES:
+            print(f"T={tokens:4d}: {tokens * K} routes run one route per program (dp4a); no route blocks to compare")
+            continue
+        fns = {}
+        for bm in (int(b) for b in opts.bm.split(",")):
+            fns[f"float BM={bm}"] = variant(fn, args, False, bm)
+            fns[f"int8 BM={bm}"] = variant(fn, args, True, bm)
+            for config in SWEEP if opts.sweep else ():
+                fns[f"int8 BM={bm} BN={config[0]} w{config[1]} s{config[2]}"] = variant(fn, args, True, bm, config)
+        reference = variant(fn, args, False, 16)().float()
+        scale = reference.abs().max().item()
+        diffs = {}
+        for label, run in list(fns.items()):
+            try:
+                diffs[label] = (run().float() - reference).abs().max().item() / scale
+            except Exception as exc:  # a launch Triton cannot compile (shared memory, layouts): report, go on
+                print(f"  {label}: failed ({str(exc).splitlines()[0][:100]})")
+                del fns[label]
+        times = time_variants(fns, 1)
+        base = times.get("float BM=16", min(times.values()))
+        print(f"T={tokens} ({tokens * K} routes), ms per layer, speedup over float BM=16, max |diff| / max |y|:")
+        for label, us in sorted(times.items(), key=lambda item: item[1]):
+            print(f"  {label:32s} {us / 1000:7.3f} ms  {base / us:5.2f}x  ~{gigabytes / us * 1e6:5.0f} GB/s  "
+                  f"diff {diffs[label]:.1e}")
+
+
+if __name__ == "__main__":
+    main()

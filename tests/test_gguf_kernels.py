@@ -316,7 +316,7 @@ def test_tokens_gemv_within_activation_rounding(name):
 
 @pytest.mark.gpu
 @gpu
-@pytest.mark.parametrize("name", ["Q4_0", "Q8_0", "Q4_K", "Q6_K"])
+@pytest.mark.parametrize("name", ["Q4_0", "Q8_0", "Q4_K", "Q5_K", "Q6_K"])
 def test_mmq_within_activation_rounding(name):
     """The int8 tensor-core kernel (triton_mmq) against float64 on the dequantized weight: within the
     activation rounding bound, for row and token counts off the tile sizes and several tile shapes."""

@@ -53,12 +53,98 @@ def test_gguf_fused_moe_matches_reference(qtype, tokens):
     assert runtime.resolve("gguf_fused_moe", *args) is not runtime.reference("gguf_fused_moe")
     got = runtime.call("gguf_fused_moe", *args)
     expected = runtime.reference("gguf_fused_moe")(x.float(), *args[1:])
-    # Up to 64 routes the kernel rounds x and the gated hidden to int8 blocks of 32 (the dp4a GEMV, as
-    # llama.cpp's q8_1): under the Triton interpreter that doubled the error against the float path
-    # (Q8_0: 1.9% of max|y| against 0.9%), so those steps get twice the float path's tolerance.
-    int8 = tokens * top_k <= 64 and qtype.name in triton_ops.DP4A_STEP
+    # The kernels round x and the gated hidden to int8 blocks of 32 (as llama.cpp's q8_1): up to 64 routes
+    # the dp4a GEMV, above that the int8 tensor-core route blocks. Under the Triton interpreter that
+    # doubled the error against the float path (Q8_0: 1.9% of max|y| against 0.9%), so those steps get
+    # twice the float path's tolerance.
+    from toolkit.kernels.gguf_moe import triton_moe  # noqa: PLC0415
+    if tokens * top_k <= 64:
+        int8 = qtype.name in triton_ops.DP4A_STEP
+    else:
+        int8 = triton_moe._mmq_routes_ok(int(qtype), hidden) and triton_moe._mmq_routes_ok(int(qtype), inter)
     torch.testing.assert_close(got.float(), expected, atol=(4e-2 if int8 else 2e-2) * expected.abs().max().item(),
                                rtol=0)
+
+
+def _packed_experts(qtype, experts: int, rows: int, cols: int, seed: int):
+    """Experts quantized by toolkit's quantizer, stacked ``[E * rows, bytes]`` on CUDA, and gguf-py's
+    dequantization of them (float64, ``[E, rows, cols]``): the independent weights of the bounds."""
+    from gguf.quants import dequantize  # noqa: PLC0415
+    from toolkit.kernels.gguf_quant import quantize  # noqa: PLC0415
+
+    g = torch.Generator().manual_seed(seed)
+    packed = quantize((torch.randn(experts * rows, cols, generator=g) * 0.05).cuda(), qtype)
+    weight = torch.from_numpy(dequantize(packed.cpu().numpy(), qtype)).double().view(experts, rows, cols)
+    return packed, weight.cuda()
+
+
+def _rounding_bound(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """What rounding x to int8 blocks of 32 (|x - d q| <= d / 2, d = max|x_block| / 127) moves x @ W.T,
+    per output (1% slack for the float32 scale and reciprocal). ``x [R, K]``, ``weight [R, N, K]``."""
+    half_step = x.double().reshape(x.shape[0], -1, 32).abs().amax(2) / 127 / 2                # [R, K / 32]
+    per_block = weight.abs().reshape(*weight.shape[:2], -1, 32).sum(3)                      # [R, N, K / 32]
+    return 1.01 * torch.einsum("rb,rnb->rn", half_step, per_block)
+
+
+@pytest.mark.parametrize("qtype", GGUF_TYPES, ids=lambda q: q.name)
+def test_gguf_moe_int8_route_blocks_within_rounding_bound(qtype):
+    """The grouped int8 tensor-core kernel (``mmq_routes``) against float64 products on gguf-py's dequantized
+    experts: |y - exact| <= 3u sum|x w| (bf16 output, u = 2**-8) plus the activation-rounding bound, for
+    per-token rows (gate_up) and per-route rows times the route weights (down), route blocks of 16, 32 and
+    64, several launches, rows off the tile, 2 and 3 super-blocks of columns, and skewed routing (one
+    expert with more routes than a block holds; blocks of padding)."""
+    from toolkit.kernels import moe_triton  # noqa: PLC0415
+    from toolkit.kernels.gguf_moe import triton_moe  # noqa: PLC0415
+
+    experts, rows, tokens, top_k = 8, 200, 40, 4
+    for cols in (512, 768):
+        packed, weight = _packed_experts(qtype, experts, rows, cols, cols)
+        g = torch.Generator().manual_seed(cols + 1)
+        logits = torch.randn(tokens, experts, generator=g)
+        logits[:, 0] += 3.0                                            # expert 0 takes most tokens
+        weights, ids = runtime.call("moe_route", logits.cuda(), top_k, True)
+        routes = tokens * top_k
+        w_route = weight[ids.reshape(-1)]                                                   # [routes, rows, cols]
+        for per_route in (False, True):
+            x = torch.randn(routes if per_route else tokens, cols, generator=g).to("cuda", torch.bfloat16)
+            x_route = x.double() if per_route else x.double().repeat_interleave(top_k, 0)
+            scale = weights.reshape(-1, 1).double() if per_route else 1.0
+            exact = torch.einsum("rnk,rk->rn", w_route, x_route) * scale
+            bound = (3 * 2 ** -8 * torch.einsum("rnk,rk->rn", w_route.abs(), x_route.abs())
+                     + _rounding_bound(x_route, w_route)) * scale
+            for bm, config in ((16, None), (32, (32, 2, 3)), (64, (128, 8, 2)), (16, (16, 1, 1))):
+                route, block_expert = moe_triton.align_routes(ids, experts, bm)
+                got = triton_moe.mmq_routes(x, packed, int(qtype), cols, rows, route, block_expert,
+                                            weights.reshape(-1).float() if per_route else None, bm, top_k, routes,
+                                            experts, per_route, config=config)
+                assert got.shape == (routes, rows) and got.dtype == torch.bfloat16
+                assert ((got.double() - exact).abs() <= bound).all(), (qtype.name, cols, per_route, bm, config)
+
+
+@pytest.mark.parametrize("qtype", GGUF_TYPES, ids=lambda q: q.name)
+def test_gguf_fused_moe_int8_and_float_route_blocks(qtype, monkeypatch):
+    """The whole op above the one-route-per-program limit takes the int8 route blocks (a spy sees both
+    projections) and ``TOOLKIT_MOE_INT8=0`` the float kernel; both match the torch reference."""
+    from toolkit.kernels.gguf_moe import triton_moe  # noqa: PLC0415
+    from toolkit.kernels.gguf_quant import quantize  # noqa: PLC0415
+
+    experts, hidden, inter, tokens, top_k = 16, 512, 256, 64, 4
+    g = torch.Generator().manual_seed(7)
+    gate_up = quantize((torch.randn(experts * 2 * inter, hidden, generator=g) * 0.05).cuda(), qtype)
+    down = quantize((torch.randn(experts * hidden, inter, generator=g) * 0.05).cuda(), qtype)
+    x = torch.randn(tokens, hidden, generator=g).to("cuda", torch.bfloat16)
+    weights, ids = _routes(tokens, experts, top_k, 8)
+    args = (x, gate_up, int(qtype), down, int(qtype), weights, ids)
+    expected = runtime.reference("gguf_fused_moe")(x.float(), *args[1:])
+    calls = []
+    real = triton_moe.mmq_routes
+    monkeypatch.setattr(triton_moe, "mmq_routes", lambda *a, **k: calls.append(a[2]) or real(*a, **k))
+    for int8, tolerance in ((True, 4e-2), (False, 2e-2)):
+        monkeypatch.setenv("TOOLKIT_MOE_INT8", "1" if int8 else "0")
+        calls.clear()
+        got = runtime.call("gguf_fused_moe", *args)
+        assert calls == ([int(qtype)] * 2 if int8 else [])
+        torch.testing.assert_close(got.float(), expected, atol=tolerance * expected.abs().max().item(), rtol=0)
 
 
 @pytest.mark.parametrize("source", ["hf", "gguf-q4_k"])

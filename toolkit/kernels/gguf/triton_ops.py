@@ -29,7 +29,7 @@ from .types import block_size, type_name, type_size
 from .triton_dp4a import quantize_activations_kernel
 from .triton_gemv_tokens import gemv_tokens_kernel
 from .triton_kernels import dequantize_kernel, matmul_kernel
-from .triton_mmq import MMQ_TYPES, mmq_kernel
+from .triton_mmq import MMQ_MIN_TYPES, MMQ_TYPES, mmq_kernel
 from ..launch import num_sms, split_k
 from ..triton_reduce import sum_splits
 
@@ -279,11 +279,7 @@ def mmq_matmul(x: torch.Tensor, data: torch.Tensor, qtype: int, cols: int, bm: i
     config = mmq_config(name)
     bn, num_warps = bn or config.bn, num_warps or config.num_warps
     num_stages = num_stages or config.num_stages
-    words, scales, sums = quantize_activations(x, sums=True) if name == "Q4_K" else (*quantize_activations(x), None)
-    quants = words.view(torch.int8)                                          # [T, cols], natural order
-    if name == "Q4_0":  # the kernel's Q4_0 weight order within a block: position 2i + h is column i + 16h
-        quants = quants.view(tokens, cols // 32, 2, 16).transpose(2, 3).contiguous().view(tokens, cols)
-    sums = scales if sums is None else sums                                  # read only for Q4_K
+    quants, scales, sums = mmq_activations(x, name)
     bm = bm or max(16, min(64, triton.next_power_of_2(tokens)))
     grid_nm = (triton.cdiv(rows, bn), triton.cdiv(tokens, bm))
     block = MMQ_TYPES[name]
@@ -297,6 +293,21 @@ def mmq_matmul(x: torch.Tensor, data: torch.Tensor, qtype: int, cols: int, bm: i
         out.stride(0), QTYPE=int(qtype), TS=type_size(qtype), BM=bm, BN=bn, num_warps=num_warps,
         num_stages=num_stages)
     return out[0] if split == 1 else sum_splits(out, x.dtype)
+
+
+def mmq_activations(x: torch.Tensor, name: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``x [T, cols]`` as the mmq kernels read it: int8 quants ``[T, cols]`` (for Q4_0 each block in the
+    kernel's weight order: position 2i + h is column i + 16h), float32 scales ``[T, cols / 32]`` and
+    block sums ``d * sum(q)`` (the scales again where the type has no minimum term: never read)."""
+    tokens, cols = x.shape
+    if name in MMQ_MIN_TYPES:
+        words, scales, sums = quantize_activations(x, sums=True)
+    else:
+        (words, scales), sums = quantize_activations(x), None
+    quants = words.view(torch.int8)                                          # [T, cols], natural order
+    if name == "Q4_0":
+        quants = quants.view(tokens, cols // 32, 2, 16).transpose(2, 3).contiguous().view(tokens, cols)
+    return quants, scales, scales if sums is None else sums
 
 
 def _mmq_split(tiles: int, programs_per_sm: int, device: torch.device) -> int:

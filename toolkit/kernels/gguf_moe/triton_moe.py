@@ -1,8 +1,16 @@
 """Triton fused MoE over packed GGUF experts: the grouped matmul of ``toolkit.kernels.moe_triton`` with
 the GGUF weight tiles of ``toolkit.kernels.gguf`` (word-wise where the type has them), never
 materialising a dequantized expert. Expert ``e``'s rows start at row ``e * N`` of the stacked
-``[E * N, row_bytes]`` buffer, exactly as the file stores ``ffn_*_exps``."""
+``[E * N, row_bytes]`` buffer, exactly as the file stores ``ffn_*_exps``.
+
+Kernels, by route count (``moe_triton.block_rows``): up to ``DECODE_ROUTES`` routes one route per
+program on int8 activations (``gguf_moe_dp4a_kernel``, the dense decode GEMV's steps); above that,
+blocks of ``BM`` routes of one expert on int8 tensor cores (``gguf_moe_mmq_kernel``, the dense mmq
+kernel's K loop) for the types that have it, else the float ``tl.dot`` kernel (``gguf_moe_kernel``).
+``TOOLKIT_MOE_INT8=0`` sends the route blocks to the float kernel (to compare them on a GPU)."""
 from __future__ import annotations
+
+import os
 
 import torch
 import triton
@@ -10,8 +18,9 @@ import triton.language as tl
 
 from ..gguf.triton_dp4a import STEP_AXES, _axes, gemv_step
 from ..gguf.triton_kernels import _weights_and_x
+from ..gguf.triton_mmq import MMQ_TYPES, mmq_tile
 from ..gguf.triton_ops import (_HARDWARE_DP4A, DP4A_STEP, WORD_GROUP, _codebook, _dp4a_ok, _matmul_tile_width,
-                               _packed_ok, _tile_width, _type_args, quantize_activations)
+                               _packed_ok, _tile_width, _type_args, mmq_activations, quantize_activations)
 from ..gguf.types import type_name, type_size
 from ..moe_triton import route_block, run_moe, store_routes
 from . import expert_shapes
@@ -95,6 +104,62 @@ def _dp4a_routes(a, data, qtype, cols_in, rows_out, expert_ids, weights, top_k, 
     return out
 
 
+@triton.jit
+def gguf_moe_mmq_kernel(xq_ptr, xd_ptr, xs_ptr, w_ptr, out_ptr, route_ptr, block_expert_ptr, weight_ptr, num_routes,
+                        num_experts, N, stride_w, K: tl.constexpr, TOP_K: tl.constexpr, PER_ROUTE_X: tl.constexpr,
+                        MUL_WEIGHT: tl.constexpr, QTYPE: tl.constexpr, TS: tl.constexpr, BM: tl.constexpr,
+                        BN: tl.constexpr):
+    """Program (row tile, route block): ``out[route, n] = x_hat[row(route)] . W[expert, n]`` for the
+    block's ``BM`` routes (all of one expert, ``align_routes``) on int8 tensor cores (``mmq_tile``),
+    times each route's weight when ``MUL_WEIGHT``. ``xq [rows, K]`` int8, ``xd`` / ``xs [rows, K / 32]``
+    float32 (``mmq_activations``); the activation row is the route's token for ``gate_up`` and the
+    route itself for ``down`` (``PER_ROUTE_X``)."""
+    pid_n, pid_m = tl.program_id(0), tl.program_id(1)
+    expert = tl.load(block_expert_ptr + pid_m)
+    if expert < num_experts:
+        routes, valid, rows = route_block(route_ptr, pid_m, num_routes, BM, TOP_K, PER_ROUTE_X)
+        offs_n = pid_n * BN + tl.arange(0, BN)
+        row = w_ptr + (expert.to(tl.int64) * N + tl.minimum(offs_n, N - 1).to(tl.int64)) * stride_w
+        x_rows = xq_ptr + rows[:, None] * K + tl.arange(0, 32)[None, :]          # [BM, 32]
+        acc = mmq_tile(x_rows, xd_ptr + rows * (K // 32), xs_ptr + rows * (K // 32), valid, row, 0, K,
+                       QTYPE, TS, BM, BN)
+        store_routes(out_ptr, acc, routes, valid, offs_n, N, weight_ptr, MUL_WEIGHT)
+
+
+# Route blocks on int8 tensor cores: BN rows per program, warps, pipeline stages. Unlike the dense mmq
+# launch (BN=32, 2 warps, K split to reach ~8 programs per SM over 2-16 tokens), the grouped launch has
+# programs to spare (route blocks x row tiles: ~3,000-9,000 at the Qwen3-30B-A3B shapes from batch 32
+# up), so no K split, and BN=64 halves the re-reads of each block's activations against BN=32; 4 warps
+# as the float grouped kernel. A first guess, not yet swept on a GPU (bench/bench_moe_kernels.py --sweep).
+MMQ_ROUTE = {"default": (64, 4, 3)}
+
+
+def moe_int8_enabled() -> bool:
+    return os.environ.get("TOOLKIT_MOE_INT8", "1") != "0"
+
+
+def _mmq_routes_ok(qtype: int, cols_in: int) -> bool:
+    name = type_name(qtype)
+    return moe_int8_enabled() and name in MMQ_TYPES and cols_in % MMQ_TYPES[name] == 0
+
+
+def mmq_routes(a, data, qtype, cols_in, rows_out, route, block_expert, weights, bm, top_k, routes, num_experts,
+               per_route, config=None):
+    """One projection of every route block (``bm >= 16``) on int8 tensor cores: ``[routes, rows_out]`` in
+    a's dtype. ``a``: the activation rows (tokens, or routes when ``per_route``), quantized here once;
+    ``config``: (BN, warps, stages), default ``MMQ_ROUTE``'s."""
+    name = type_name(qtype)
+    bn, warps, stages = config or MMQ_ROUTE.get(name, MMQ_ROUTE["default"])
+    quants, scales, sums = mmq_activations(a, name)
+    out = torch.empty(routes, rows_out, dtype=a.dtype, device=a.device)
+    gguf_moe_mmq_kernel[(triton.cdiv(rows_out, bn), block_expert.numel())](
+        quants, scales, sums, data, out, route, block_expert, weights if weights is not None else scales, routes,
+        num_experts, rows_out, data.stride(0), K=cols_in, TOP_K=top_k, PER_ROUTE_X=per_route,
+        MUL_WEIGHT=weights is not None, QTYPE=int(qtype), TS=type_size(qtype), BM=bm, BN=bn, num_warps=warps,
+        num_stages=stages)
+    return out
+
+
 DECODE = (8, 512, 4)   # BN, BK, warps for one route per program (the GEMV of gguf_matmul's decode config)
 GROUPED = (64, 128, 4)  # BN, BK, warps for 16-route blocks (gguf_matmul's small-batch config)
 
@@ -103,6 +168,9 @@ def _grouped_matmul(x, a, data, qtype, cols_in, rows_out, route, block_expert, w
                     num_experts, per_route):
     if bm == 1 and _dp4a_ok(data, qtype, cols_in):   # the dense GEMV's conditions
         return _dp4a_routes(a, data, qtype, cols_in, rows_out, block_expert, weights, top_k, routes, per_route)
+    if bm >= 16 and _mmq_routes_ok(qtype, cols_in):
+        return mmq_routes(a, data, qtype, cols_in, rows_out, route, block_expert, weights, bm, top_k, routes,
+                          num_experts, per_route)
     bn, bk_wanted, warps = DECODE if bm == 1 else GROUPED
     if type_name(qtype) == "Q6_K" and bm == 1:
         warps = 8
