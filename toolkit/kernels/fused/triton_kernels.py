@@ -54,7 +54,8 @@ def _rotate_head(src, dst, cos, sin, HALF: tl.constexpr, BLOCK_HALF: tl.constexp
     mask = i < HALF
     x1 = tl.load(src + i, mask=mask, other=0.0).to(tl.float32)
     x2 = tl.load(src + HALF + i, mask=mask, other=0.0).to(tl.float32)
-    dtype, out_dtype = src.dtype.element_ty, dst.dtype.element_ty
+    dtype = src.dtype.element_ty          # (a tuple assignment of dtypes does not compile in Triton 3.6)
+    out_dtype = dst.dtype.element_ty
     tl.store(dst + i, (x1 * cos - x2 * sin).to(dtype).to(out_dtype), mask=mask)
     tl.store(dst + HALF + i, (x2 * cos + x1 * sin).to(dtype).to(out_dtype), mask=mask)
     if PASS > 0:
