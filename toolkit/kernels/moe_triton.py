@@ -99,16 +99,21 @@ def dense_moe_kernel(x_ptr, w_ptr, out_ptr, route_ptr, block_expert_ptr, weight_
         store_routes(out_ptr, acc, routes, valid, offs_n, N, weight_ptr, MUL_WEIGHT)
 
 
-def block_rows(routes: int) -> int:
-    return 1 if routes <= DECODE_ROUTES else BM_GROUPED
+def block_rows(routes: int, large: tuple[int, int] | None = None) -> int:
+    """Routes per program: 1 up to ``DECODE_ROUTES``, else ``BM_GROUPED``, or ``large = (routes, bm)``'s
+    bm from that many routes on (a kernel that measured better with taller blocks in prefill)."""
+    if routes <= DECODE_ROUTES:
+        return 1
+    return large[1] if large is not None and routes >= large[0] else BM_GROUPED
 
 
 def run_moe(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, num_experts: int, inter: int,
-            matmul, activation: str) -> torch.Tensor:
+            matmul, activation: str, large_blocks: tuple[int, int] | None = None) -> torch.Tensor:
     """The four steps, with ``matmul(a, which, out_cols, route, block_expert, weights, bm)`` doing one
-    grouped projection (``which``: "gate_up" with per-token rows, "down" with per-route rows)."""
+    grouped projection (``which``: "gate_up" with per-token rows, "down" with per-route rows);
+    ``large_blocks``: see ``block_rows``."""
     tokens, top_k = topk_ids.shape
-    bm = block_rows(tokens * top_k)
+    bm = block_rows(tokens * top_k, large_blocks)
     route, block_expert = align_routes(topk_ids, num_experts, bm)
     gate_up = matmul(x, "gate_up", 2 * inter, route, block_expert, None, bm, top_k)
     hidden = runtime.call("gated_activation", gate_up, activation)   # one fused kernel on CUDA
