@@ -173,7 +173,8 @@ def test_fused_moe_takes_the_int8_route_blocks(monkeypatch):
     """The whole op with route blocks (the one-route-per-program limit lowered to 4 routes to keep the
     interpreter quick): the int8 route blocks run for both projections (a spy records them) and the
     result is the torch reference's (float activations) within what int8 rounding of x and of the gated
-    hidden moves it (test_moe_gpu.py's tolerance); ``TOOLKIT_MOE_INT8=0`` sends them to the float kernel."""
+    hidden moves it (test_moe_gpu.py's tolerance) with ``TOOLKIT_MOE_INT8=1`` (opt-in); without it
+    (the default) or with ``0`` they go to the float kernel."""
     from toolkit.kernels.gguf_moe import gguf_fused_moe as reference  # noqa: PLC0415
 
     experts, hidden, inter, tokens, top_k = 2, 256, 64, 5, 2
@@ -185,13 +186,14 @@ def test_fused_moe_takes_the_int8_route_blocks(monkeypatch):
     weights = torch.softmax(torch.randn(tokens, top_k, generator=torch.Generator().manual_seed(14)), -1)
     args = (x, gate_up, int(Q.Q4_K), down, int(Q.Q8_0), weights, ids)
     expected = reference(*args)
+    monkeypatch.setenv("TOOLKIT_MOE_INT8", "1")
     calls = []
     real = triton_moe.mmq_routes
     monkeypatch.setattr(triton_moe, "mmq_routes", lambda *a, **k: calls.append(a[2]) or real(*a, **k))
     got = triton_moe.gguf_fused_moe(*args)
     assert calls == [int(Q.Q4_K), int(Q.Q8_0)]
     torch.testing.assert_close(got, expected, atol=4e-2 * expected.abs().max().item(), rtol=0)
-    monkeypatch.setenv("TOOLKIT_MOE_INT8", "0")
+    monkeypatch.delenv("TOOLKIT_MOE_INT8")
     got = triton_moe.gguf_fused_moe(*args)
     assert calls == [int(Q.Q4_K), int(Q.Q8_0)]                                       # not called again
     torch.testing.assert_close(got, expected, atol=1e-4 * expected.abs().max().item(), rtol=0)
