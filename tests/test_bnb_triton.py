@@ -16,31 +16,20 @@ run this code); and its ``tl.dot`` on bfloat16 operands returns garbage, so the 
 from __future__ import annotations
 
 import importlib
-import importlib.util
-import os
-import sys
 
 import pytest
 import torch
 
-from triton_interpreter import fix_loop_bounds, rerun_in_fresh_process
+from triton_interpreter import rerun_in_fresh_process, start_interpreter
 
-if importlib.util.find_spec("triton") is None:
-    pytest.skip("Triton is not installed", allow_module_level=True)
-if torch.cuda.is_available():
-    pytest.skip("CUDA present: the compiled kernels are tested by test_bnb_triton_gpu.py", allow_module_level=True)
-if "triton" not in sys.modules:
-    os.environ["TRITON_INTERPRET"] = "1"
-import triton.language.standard  # noqa: E402
+INTERPRETED = start_interpreter("test_bnb_triton_gpu.py")
 from bitsandbytes.functional import (dequantize_4bit, int8_vectorwise_dequant, int8_vectorwise_quant,  # noqa: E402
                                      quantize_4bit)
 
-INTERPRETED = type(triton.language.standard.zeros).__name__ == "InterpretedFunction"
 here = pytest.mark.skipif(not INTERPRETED, reason="Triton was imported compiled; run in a fresh process")
 
 
 if INTERPRETED:
-    fix_loop_bounds()
     ops = importlib.import_module("toolkit.kernels.bnb.triton_ops")
     if type(importlib.import_module("toolkit.kernels.bnb.triton_kernels").nf4_matmul_kernel).__name__ != \
             "InterpretedFunction":

@@ -2,39 +2,24 @@
 Triton's interpreter on the CPU, against the torch references (which test_recurrent_kernels.py
 checks against transformers). Tiny shapes: the interpreter runs every program in numpy.
 
-Skipped where Triton is not installed (CI) and on CUDA machines, where test_gdn_prefill_gpu.py
+Skipped where Triton is not installed and on CUDA machines, where test_gdn_prefill_gpu.py
 checks the compiled kernels instead. The interpreter switch is read when ``@triton.jit`` decorates,
 Triton's own helpers included, so it must be set before Triton is first imported: where this
 process imported Triton earlier (a run of several files), one test runs this file in a fresh
-process instead. The interpreter of Triton < 3.7 cannot run loops with loaded bounds under
-numpy >= 2.4 (``int()`` of a one-element array); those combinations skip too.
+process instead. Loops with loaded bounds run under numpy >= 2.4 through
+``triton_interpreter.fix_loop_bounds``.
 """
 from __future__ import annotations
 
-import importlib.util
-import os
-import sys
+import importlib
 
-import numpy as np
 import pytest
 import torch
 
-from triton_interpreter import rerun_in_fresh_process
+from triton_interpreter import rerun_in_fresh_process, start_interpreter
 from toolkit.kernels import recurrent_reference as ref
 
-if importlib.util.find_spec("triton") is None:
-    pytest.skip("Triton is not installed", allow_module_level=True)
-if torch.cuda.is_available():
-    pytest.skip("CUDA present: the compiled kernels are tested by test_gdn_prefill_gpu.py", allow_module_level=True)
-if "triton" not in sys.modules:
-    os.environ["TRITON_INTERPRET"] = "1"
-import triton  # noqa: E402
-import triton.language.standard  # noqa: E402
-
-_version = tuple(int(p) for p in triton.__version__.split(".")[:2])
-if _version < (3, 7) and tuple(int(p) for p in np.__version__.split(".")[:2]) >= (2, 4):
-    pytest.skip(f"Triton {triton.__version__}'s interpreter needs numpy < 2.4", allow_module_level=True)
-INTERPRETED = type(triton.language.standard.zeros).__name__ == "InterpretedFunction"
+INTERPRETED = start_interpreter("test_gdn_prefill_gpu.py")
 here = pytest.mark.skipif(not INTERPRETED, reason="Triton was imported compiled; run in a fresh process")
 if INTERPRETED:
     tp = importlib.import_module("toolkit.kernels.recurrent.triton_prefill")

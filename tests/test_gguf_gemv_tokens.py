@@ -7,30 +7,18 @@ imported Triton earlier (a run of several files), one test runs this file in a f
 from __future__ import annotations
 
 import importlib
-import importlib.util
-import os
-import sys
 
 import numpy as np
 import pytest
 import torch
 
-from triton_interpreter import fix_loop_bounds, rerun_in_fresh_process
+from triton_interpreter import rerun_in_fresh_process, start_interpreter
 
-if importlib.util.find_spec("triton") is None:
-    pytest.skip("Triton is not installed", allow_module_level=True)
-if torch.cuda.is_available():
-    pytest.skip("CUDA present: the compiled kernel is tested by test_gguf_kernels.py", allow_module_level=True)
-if "triton" not in sys.modules:
-    os.environ["TRITON_INTERPRET"] = "1"
-import triton.language.standard  # noqa: E402
-
+INTERPRETED = start_interpreter("test_gguf_kernels.py")
 from test_gguf_kernels import activation_rounding_bound, oracle, random_blocks  # noqa: E402
 
-INTERPRETED = type(triton.language.standard.zeros).__name__ == "InterpretedFunction"
 here = pytest.mark.skipif(not INTERPRETED, reason="Triton was imported compiled; run in a fresh process")
 if INTERPRETED:
-    fix_loop_bounds()
     ops = importlib.import_module("toolkit.kernels.gguf.triton_ops")
 
 

@@ -18,9 +18,6 @@ earlier (a run of several files), one test runs this file in a fresh process ins
 from __future__ import annotations
 
 import importlib
-import importlib.util
-import os
-import sys
 
 import numpy as np
 import pytest
@@ -29,21 +26,9 @@ from gguf import GGML_QUANT_SIZES
 from gguf import GGMLQuantizationType as Q
 from gguf.quants import dequantize
 
-from triton_interpreter import rerun_in_fresh_process
+from triton_interpreter import rerun_in_fresh_process, start_interpreter
 
-if importlib.util.find_spec("triton") is None:
-    pytest.skip("Triton is not installed", allow_module_level=True)
-if torch.cuda.is_available():
-    pytest.skip("CUDA present: the compiled kernels are tested by test_moe_gpu.py", allow_module_level=True)
-if "triton" not in sys.modules:
-    os.environ["TRITON_INTERPRET"] = "1"
-import triton  # noqa: E402
-import triton.language.standard  # noqa: E402
-
-_version = tuple(int(p) for p in triton.__version__.split(".")[:2])
-if _version < (3, 7) and tuple(int(p) for p in np.__version__.split(".")[:2]) >= (2, 4):
-    pytest.skip(f"Triton {triton.__version__}'s interpreter needs numpy < 2.4", allow_module_level=True)
-INTERPRETED = type(triton.language.standard.zeros).__name__ == "InterpretedFunction"
+INTERPRETED = start_interpreter("test_moe_gpu.py")
 here = pytest.mark.skipif(not INTERPRETED, reason="Triton was imported compiled; run in a fresh process")
 if INTERPRETED:
     mmq = importlib.import_module("toolkit.kernels.gguf.triton_mmq")

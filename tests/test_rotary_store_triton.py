@@ -15,25 +15,14 @@ float16 to its rounding. v and the pass-through features are copies and must be 
 from __future__ import annotations
 
 import importlib
-import importlib.util
-import os
-import sys
 
 import pytest
 import torch
 
-from triton_interpreter import rerun_in_fresh_process
+from triton_interpreter import rerun_in_fresh_process, start_interpreter
 from toolkit.kernels import reference
 
-if importlib.util.find_spec("triton") is None:
-    pytest.skip("Triton is not installed", allow_module_level=True)
-if torch.cuda.is_available():
-    pytest.skip("CUDA present: the compiled kernels are tested by test_fused_kernels.py", allow_module_level=True)
-if "triton" not in sys.modules:
-    os.environ["TRITON_INTERPRET"] = "1"
-import triton.language.standard  # noqa: E402
-
-INTERPRETED = type(triton.language.standard.zeros).__name__ == "InterpretedFunction"
+INTERPRETED = start_interpreter("test_fused_kernels.py")
 here = pytest.mark.skipif(not INTERPRETED, reason="Triton was imported compiled; run in a fresh process")
 if INTERPRETED:
     # The interpreter has no libdevice (its functions are stubs returning None there): the kernel's

@@ -6,10 +6,13 @@ kernels; it then reruns itself in a fresh process with the switch on (``rerun_in
 """
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import subprocess
 import sys
+
+import pytest
 
 
 def rerun_in_fresh_process(path: str) -> None:
@@ -38,3 +41,25 @@ def fix_loop_bounds() -> None:
 
     patched.index_fixed = True
     interpreter._patch_lang_tensor = patched
+
+
+def start_interpreter(gpu_tests: str) -> bool:
+    """The prologue of an interpreter test file, called before anything imports Triton: skips the file
+    where Triton is missing or CUDA is present (``gpu_tests`` names the file that checks the compiled
+    kernels there), turns the interpreter on if Triton is not imported yet, and returns whether it is
+    on (with ``fix_loop_bounds`` applied). A file whose process imported Triton compiled gets False:
+    its ``rerun_in_fresh_process`` test then runs it again."""
+    if importlib.util.find_spec("triton") is None:
+        pytest.skip("Triton is not installed", allow_module_level=True)
+    import torch  # noqa: PLC0415
+
+    if torch.cuda.is_available():
+        pytest.skip(f"CUDA present: the compiled kernels are tested by {gpu_tests}", allow_module_level=True)
+    if "triton" not in sys.modules:
+        os.environ["TRITON_INTERPRET"] = "1"
+    import triton.language.standard  # noqa: PLC0415
+
+    interpreted = type(triton.language.standard.zeros).__name__ == "InterpretedFunction"
+    if interpreted:
+        fix_loop_bounds()
+    return interpreted
