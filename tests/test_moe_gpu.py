@@ -22,6 +22,18 @@ def _routes(tokens, experts, top_k, seed):
     return runtime.call("moe_route", logits, top_k, True)
 
 
+def _gguf_case(qtype, experts, tokens, top_k, seed, route_seed, hidden=512, inter=256):
+    """The ``gguf_fused_moe`` arguments for random experts packed in ``qtype`` (the toolkit quantizer)."""
+    from toolkit.kernels.gguf_quant import quantize  # noqa: PLC0415
+
+    g = torch.Generator().manual_seed(seed)
+    gate_up = quantize((torch.randn(experts * 2 * inter, hidden, generator=g) * 0.05).cuda(), qtype)
+    down = quantize((torch.randn(experts * hidden, inter, generator=g) * 0.05).cuda(), qtype)
+    x = torch.randn(tokens, hidden, generator=g).to("cuda", torch.bfloat16)
+    weights, ids = _routes(tokens, experts, top_k, route_seed)
+    return x, gate_up, int(qtype), down, int(qtype), weights, ids
+
+
 @pytest.mark.parametrize("tokens", TOKENS)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_dense_fused_moe_matches_reference(tokens, dtype):
@@ -41,15 +53,9 @@ def test_dense_fused_moe_matches_reference(tokens, dtype):
 @pytest.mark.parametrize("qtype", GGUF_TYPES, ids=lambda q: q.name)
 def test_gguf_fused_moe_matches_reference(qtype, tokens):
     from toolkit.kernels.gguf import triton_ops  # noqa: PLC0415
-    from toolkit.kernels.gguf_quant import quantize  # noqa: PLC0415
-
-    experts, hidden, inter, top_k = 8, 512, 256, 4
-    g = torch.Generator().manual_seed(3)
-    gate_up = quantize((torch.randn(experts * 2 * inter, hidden, generator=g) * 0.05).cuda(), qtype)
-    down = quantize((torch.randn(experts * hidden, inter, generator=g) * 0.05).cuda(), qtype)
-    x = torch.randn(tokens, hidden, generator=g).to("cuda", torch.bfloat16)
-    weights, ids = _routes(tokens, experts, top_k, 4)
-    args = (x, gate_up, int(qtype), down, int(qtype), weights, ids)
+    hidden, inter, top_k = 512, 256, 4
+    args = _gguf_case(qtype, 8, tokens, top_k, 3, 4, hidden, inter)
+    x = args[0]
     assert runtime.resolve("gguf_fused_moe", *args) is not runtime.reference("gguf_fused_moe")
     got = runtime.call("gguf_fused_moe", *args)
     expected = runtime.reference("gguf_fused_moe")(x.float(), *args[1:])
@@ -126,15 +132,8 @@ def test_gguf_fused_moe_int8_and_float_route_blocks(qtype, monkeypatch):
     """The whole op above the one-route-per-program limit takes the int8 route blocks (a spy sees both
     projections) and ``TOOLKIT_MOE_INT8=0`` the float kernel; both match the torch reference."""
     from toolkit.kernels.gguf_moe import triton_moe  # noqa: PLC0415
-    from toolkit.kernels.gguf_quant import quantize  # noqa: PLC0415
-
-    experts, hidden, inter, tokens, top_k = 16, 512, 256, 64, 4
-    g = torch.Generator().manual_seed(7)
-    gate_up = quantize((torch.randn(experts * 2 * inter, hidden, generator=g) * 0.05).cuda(), qtype)
-    down = quantize((torch.randn(experts * hidden, inter, generator=g) * 0.05).cuda(), qtype)
-    x = torch.randn(tokens, hidden, generator=g).to("cuda", torch.bfloat16)
-    weights, ids = _routes(tokens, experts, top_k, 8)
-    args = (x, gate_up, int(qtype), down, int(qtype), weights, ids)
+    args = _gguf_case(qtype, 16, 64, 4, 7, 8)
+    x = args[0]
     expected = runtime.reference("gguf_fused_moe")(x.float(), *args[1:])
     calls = []
     real = triton_moe.mmq_routes
