@@ -15,6 +15,11 @@ def num_sms(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
+def l2_bytes(device: torch.device) -> int:
+    """The GPU's L2 cache size in bytes."""
+    return torch.cuda.get_device_properties(device).L2_cache_size
+
+
 def split_k(num_programs: int, k_tiles: int, device: torch.device) -> int:
     """Split K until there are about ``PROGRAMS_PER_SM`` programs per SM (never cutting a tile):
     a GEMV with few output tiles (a small projection) would otherwise leave SMs idle."""

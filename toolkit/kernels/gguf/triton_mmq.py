@@ -11,8 +11,13 @@ integer dot product, scaled once by ``d_w * d_x`` (and, for Q4_K's and Q5_K's mi
 
 Types: Q4_0, Q8_0 (blocks of 32, one scale), Q4_K and Q5_K (super-blocks of 256: eight 32-blocks
 with a 6-bit scale and minimum each; Q5_K adds a fifth bit per weight) and Q6_K (sixteen 16-blocks
-with an int8 scale each: one dot per 16-column half, the other half's weights zeroed). Results
-equal ``W @ x_hat`` (``x_hat`` the int8-rounded activations) up to float32 summation order.
+with an int8 scale each: one dot per 16-column half, the other half's activations masked off at the
+load). Results equal ``W @ x_hat`` (``x_hat`` the int8-rounded activations) up to float32 summation order.
+
+The K-quant weights are unpacked four to a 32-bit register with inline PTX (a shift and a mask per
+four weights: ``nibbles``, ``nibbles_with_bit``, ``six_bits``); written element-wise, Triton widens
+every byte to 16 bits and back (~8 instructions per weight). Their scales are read as whole words
+once per super-block. Under the interpreter (``ASM`` false) the same values come from plain shifts.
 
 ``mmq_tile`` is the K loop of one ``[BM, BN]`` tile; the dense kernel (``mmq_kernel``, tokens x rows)
 and the grouped MoE kernel (``gguf_moe.triton_moe``, routes of one expert x that expert's rows) call
@@ -20,26 +25,129 @@ it with their own row pointers (Triton inlines it: one kernel's code, as if writ
 """
 from __future__ import annotations
 
+import os
+
 import triton
 import triton.language as tl
 
-from .triton_words import Q4_0, Q4_K, Q5_K, Q8_0, _u16, half_bits
+from .triton_words import Q4_0, Q4_K, Q5_K, Q8_0, _u16, _u32, half_bits
 
 MMQ_TYPES = {"Q4_0": 32, "Q8_0": 32, "Q4_K": 256, "Q5_K": 256, "Q6_K": 256}   # type -> columns of one block
 MMQ_MIN_TYPES = frozenset({"Q4_K", "Q5_K"})   # types whose minimum term reads the activations' block sums
+# Packed-register unpacking through inline PTX on the GPU; Triton's interpreter (CPU) runs no PTX.
+ASM = tl.constexpr(os.environ.get("TRITON_INTERPRET") != "1")
 
 
 @triton.jit
-def _k_scale_min(scales_ptr, s: tl.constexpr):
-    """Q4_K's 6-bit scale and minimum of 32-block ``s`` (0..7) from its 12 packed bytes; ``scales_ptr [BN]``."""
+def _k_scale_min_words(sw0, sw1, sw2, s: tl.constexpr):
+    """Q4_K's 6-bit scale and minimum of 32-block ``s`` (0..7) from its 12 packed scale bytes, given as
+    three little-endian uint32 words ``[BN]`` (bytes 0-3, 4-7, 8-11)."""
     if s < 4:
-        sc = tl.load(scales_ptr + s).to(tl.int32) & 63
-        mn = tl.load(scales_ptr + s + 4).to(tl.int32) & 63
+        sc = (sw0 >> (8 * s)) & 63
+        mn = (sw1 >> (8 * s)) & 63
     else:
-        hi = tl.load(scales_ptr + s + 4).to(tl.int32)
-        sc = (hi & 15) | ((tl.load(scales_ptr + s - 4).to(tl.int32) >> 6) << 4)
-        mn = (hi >> 4) | ((tl.load(scales_ptr + s).to(tl.int32) >> 6) << 4)
+        hi = sw2 >> (8 * (s - 4))
+        sc = (hi & 15) | (((sw0 >> (8 * (s - 4) + 6)) & 3) << 4)
+        mn = ((hi >> 4) & 15) | (((sw1 >> (8 * (s - 4) + 6)) & 3) << 4)
     return sc.to(tl.float32), mn.to(tl.float32)
+
+
+@triton.jit
+def nibbles(byte, shift: tl.constexpr, ASM: tl.constexpr):
+    """int8 ``(byte >> shift) & 15`` of a uint8 tensor. On the GPU four bytes share a 32-bit register, so one
+    shift and one mask unpack four weights (the plain form compiles to per-byte 16-bit arithmetic and
+    conversions: ~8 instructions per weight in this kernel's PTX); the interpreter takes the plain form."""
+    if ASM:
+        if shift == 0:
+            return tl.inline_asm_elementwise("and.b32 $0, $1, 0x0F0F0F0F;", "=r,r", [byte], dtype=tl.int8,
+                                             is_pure=True, pack=4)
+        else:
+            return tl.inline_asm_elementwise("{ .reg .b32 t; shr.b32 t, $1, 4; and.b32 $0, t, 0x0F0F0F0F; }",
+                                             "=r,r", [byte], dtype=tl.int8, is_pure=True, pack=4)
+    else:
+        return ((byte >> shift) & 15).to(tl.int8)
+
+
+@triton.jit
+def nibbles_with_bit(byte, high, shift: tl.constexpr, bit: tl.constexpr, ASM: tl.constexpr):
+    """int8 ``((byte >> shift) & 15) | (((high >> bit) & 1) << 4)`` (Q5_K's five-bit weights), four per register on
+    the GPU (``nibbles``). A packed word shifted right by ``bit`` < 8 and masked per byte keeps each byte's own bit."""
+    if ASM:
+        if bit == 0:
+            fifth = tl.inline_asm_elementwise("{ .reg .b32 t; shr.b32 t, $1, 0; and.b32 t, t, 0x01010101; shl.b32 $0, t, 4; }", "=r,r", [high], dtype=tl.int8,
+                                                    is_pure=True, pack=4)
+        elif bit == 1:
+            fifth = tl.inline_asm_elementwise("{ .reg .b32 t; shr.b32 t, $1, 1; and.b32 t, t, 0x01010101; shl.b32 $0, t, 4; }", "=r,r", [high], dtype=tl.int8,
+                                                    is_pure=True, pack=4)
+        elif bit == 2:
+            fifth = tl.inline_asm_elementwise("{ .reg .b32 t; shr.b32 t, $1, 2; and.b32 t, t, 0x01010101; shl.b32 $0, t, 4; }", "=r,r", [high], dtype=tl.int8,
+                                                    is_pure=True, pack=4)
+        elif bit == 3:
+            fifth = tl.inline_asm_elementwise("{ .reg .b32 t; shr.b32 t, $1, 3; and.b32 t, t, 0x01010101; shl.b32 $0, t, 4; }", "=r,r", [high], dtype=tl.int8,
+                                                    is_pure=True, pack=4)
+        elif bit == 4:
+            fifth = tl.inline_asm_elementwise("{ .reg .b32 t; shr.b32 t, $1, 4; and.b32 t, t, 0x01010101; shl.b32 $0, t, 4; }", "=r,r", [high], dtype=tl.int8,
+                                                    is_pure=True, pack=4)
+        elif bit == 5:
+            fifth = tl.inline_asm_elementwise("{ .reg .b32 t; shr.b32 t, $1, 5; and.b32 t, t, 0x01010101; shl.b32 $0, t, 4; }", "=r,r", [high], dtype=tl.int8,
+                                                    is_pure=True, pack=4)
+        elif bit == 6:
+            fifth = tl.inline_asm_elementwise("{ .reg .b32 t; shr.b32 t, $1, 6; and.b32 t, t, 0x01010101; shl.b32 $0, t, 4; }", "=r,r", [high], dtype=tl.int8,
+                                                    is_pure=True, pack=4)
+        else:
+            fifth = tl.inline_asm_elementwise("{ .reg .b32 t; shr.b32 t, $1, 7; and.b32 t, t, 0x01010101; shl.b32 $0, t, 4; }", "=r,r", [high], dtype=tl.int8,
+                                                    is_pure=True, pack=4)
+        return nibbles(byte, shift, ASM) | fifth
+    else:
+        return (((byte >> shift) & 15) | (((high >> bit) & 1) << 4)).to(tl.int8)
+
+
+@triton.jit
+def _scale_word(ptr, i: tl.constexpr):
+    """int32 of the four bytes at ``ptr + 4 i`` (``ptr`` 2-aligned), from two 16-bit loads."""
+    return (_u16(ptr, 2 * i) | (_u16(ptr, 2 * i + 1) << 16)).to(tl.int32, bitcast=True)
+
+
+@triton.jit
+def _pick4(v0, v1, v2, v3, i: tl.constexpr):
+    if i == 0:
+        return v0
+    elif i == 1:
+        return v1
+    elif i == 2:
+        return v2
+    else:
+        return v3
+
+
+@triton.jit
+def six_bits(ql, qh, quarter: tl.constexpr, ASM: tl.constexpr):
+    """Q6_K's int8 weights ``(((ql >> 4 (quarter // 2)) & 15) | (((qh >> 2 quarter) & 3) << 4)) - 32`` of uint8
+    tensors, four per register on the GPU: the 6-bit value v gets -32 per byte without borrows as
+    ``((v | 0x80) - 0x20) ^ 0x80``."""
+    if ASM:
+        if quarter == 0:
+            return tl.inline_asm_elementwise("{ .reg .b32 t, h; and.b32 t, $1, 0x0F0F0F0F; and.b32 h, $2, 0x03030303; shl.b32 h, h, 4; " \
+                  "or.b32 t, t, h; or.b32 t, t, 0x80808080; sub.u32 t, t, 0x20202020; xor.b32 $0, t, 0x80808080; }", "=r,r,r", [ql, qh], dtype=tl.int8,
+                                             is_pure=True, pack=4)
+        elif quarter == 1:
+            return tl.inline_asm_elementwise("{ .reg .b32 t, h; and.b32 t, $1, 0x0F0F0F0F; shr.b32 h, $2, 2; and.b32 h, h, 0x03030303; " \
+                  "shl.b32 h, h, 4; or.b32 t, t, h; or.b32 t, t, 0x80808080; sub.u32 t, t, 0x20202020; " \
+                  "xor.b32 $0, t, 0x80808080; }", "=r,r,r", [ql, qh], dtype=tl.int8,
+                                             is_pure=True, pack=4)
+        elif quarter == 2:
+            return tl.inline_asm_elementwise("{ .reg .b32 t, h; shr.b32 t, $1, 4; and.b32 t, t, 0x0F0F0F0F; shr.b32 h, $2, 4; " \
+                  "and.b32 h, h, 0x03030303; shl.b32 h, h, 4; or.b32 t, t, h; or.b32 t, t, 0x80808080; " \
+                  "sub.u32 t, t, 0x20202020; xor.b32 $0, t, 0x80808080; }", "=r,r,r", [ql, qh], dtype=tl.int8,
+                                             is_pure=True, pack=4)
+        else:
+            return tl.inline_asm_elementwise("{ .reg .b32 t, h; shr.b32 t, $1, 4; and.b32 t, t, 0x0F0F0F0F; shr.b32 h, $2, 6; " \
+                  "and.b32 h, h, 0x03030303; shl.b32 h, h, 4; or.b32 t, t, h; or.b32 t, t, 0x80808080; " \
+                  "sub.u32 t, t, 0x20202020; xor.b32 $0, t, 0x80808080; }", "=r,r,r", [ql, qh], dtype=tl.int8,
+                                             is_pure=True, pack=4)
+    else:
+        v = ((ql.to(tl.int32) >> (4 * (quarter // 2))) & 15) | (((qh.to(tl.int32) >> (2 * quarter)) & 3) << 4)
+        return (v - 32).to(tl.int8)
 
 
 @triton.jit
@@ -82,6 +190,8 @@ def mmq_tile(x_rows, xd_rows, xs_rows, x_ok, row, part, part_cols, QTYPE: tl.con
                 # is nibble s % 2 of qs bytes 32 (s // 2) ..; Q5_K's fifth bit is bit s of qh[0..31].
                 d = half_bits(_u16(block, 0))
                 dmin = half_bits(_u16(block, 1))
+                # the 12 scale bytes as three words, read once per super-block (not 16-24 byte loads)
+                sw0, sw1, sw2 = _u32(block + 4, 0), _u32(block + 4, 1), _u32(block + 4, 2)
                 if QTYPE == Q5_K:
                     qh = tl.load(block[:, None] + 16 + c[None, :])              # [BN, 32]: one load per super-block
                     qs = block + 48
@@ -91,37 +201,48 @@ def mmq_tile(x_rows, xd_rows, xs_rows, x_ok, row, part, part_cols, QTYPE: tl.con
                     if s % 2 == 0:  # one load of 32 bytes serves 32-blocks s (low nibbles) and s + 1 (high)
                         byte = tl.load(qs[:, None] + 32 * (s // 2) + c[None, :])
                     if QTYPE == Q5_K:
-                        w = (((byte >> (4 * (s % 2))) & 15) | (((qh >> s) & 1) << 4)).to(tl.int8)
+                        w = nibbles_with_bit(byte, qh, 4 * (s % 2), s, ASM)
                     else:
-                        w = ((byte >> (4 * (s % 2))) & 15).to(tl.int8)
+                        w = nibbles(byte, 4 * (s % 2), ASM)
                     b = sb * 8 + s
                     x = tl.load(x_rows + b * 32, mask=x_ok[:, None], other=0)
                     isum = tl.dot(x, tl.trans(w), out_dtype=tl.int32)
-                    sc, mn = _k_scale_min(block + 4, s)
+                    sc, mn = _k_scale_min_words(sw0, sw1, sw2, s)
                     xd = tl.load(xd_rows + b, mask=x_ok, other=0.0)
-                    xs = tl.load(xs_rows + b, mask=x_ok, other=0.0)
-                    acc += (isum.to(tl.float32) * xd[:, None] * (d * sc)[None, :]
-                            - xs[:, None] * (dmin * mn)[None, :])
+                    nxs = -tl.load(xs_rows + b, mask=x_ok, other=0.0)
+                    # acc += isum * xd * (d sc) - xs * (dmin mn): a convert, a multiply and two fused
+                    # multiply-adds per output (the [BM, BN] tile's work is per 32 columns)
+                    acc = tl.fma(isum.to(tl.float32) * xd[:, None], (d * sc)[None, :], acc)
+                    acc = tl.fma(nxs[:, None], (dmin * mn)[None, :], acc)
             else:  # Q6_K: ql[128], qh[64], scales[16] int8, d; 32-block s = quarter s % 4 of half s // 4
                 d = half_bits(_u16(block, 104))
+                # the 16 int8 scales as four words, read once per super-block (210-byte blocks are only
+                # 2-aligned: 16-bit loads)
+                sw0, sw1 = _scale_word(block + 192, 0), _scale_word(block + 192, 1)
+                sw2, sw3 = _scale_word(block + 192, 2), _scale_word(block + 192, 3)
                 low = c < 16
                 for s in tl.static_range(8):
-                    half, quarter = s // 4, s % 4
-                    ql = tl.load(block[:, None] + 64 * half + 32 * (quarter % 2) + c[None, :]).to(tl.int32)
-                    qh = tl.load(block[:, None] + 128 + 32 * half + c[None, :]).to(tl.int32)
-                    q = (((ql >> (4 * (quarter // 2))) & 15) | (((qh >> (2 * quarter)) & 3) << 4)) - 32
-                    w_low = tl.where(low[None, :], q, 0).to(tl.int8)
-                    w_high = tl.where(low[None, :], 0, q).to(tl.int8)
+                    if s % 4 == 0:  # quarters 0 and 2 share ql bytes 0..31 of the half, 1 and 3 bytes 32..63
+                        ql_even = tl.load(block[:, None] + 64 * (s // 4) + c[None, :])
+                        ql_odd = tl.load(block[:, None] + 64 * (s // 4) + 32 + c[None, :])
+                        qh = tl.load(block[:, None] + 128 + 32 * (s // 4) + c[None, :])
+                    if s % 2 == 0:
+                        w = six_bits(ql_even, qh, s % 4, ASM)
+                    else:
+                        w = six_bits(ql_odd, qh, s % 4, ASM)
                     b = sb * 8 + s
-                    x = tl.load(x_rows + b * 32, mask=x_ok[:, None], other=0)
-                    sum_low = tl.dot(x, tl.trans(w_low), out_dtype=tl.int32)
-                    sum_high = tl.dot(x, tl.trans(w_high), out_dtype=tl.int32)
-                    sc_ptr = block + 192 + 8 * half + 2 * quarter
-                    sc_low = tl.load(sc_ptr.to(tl.pointer_type(tl.int8))).to(tl.float32)
-                    sc_high = tl.load((sc_ptr + 1).to(tl.pointer_type(tl.int8))).to(tl.float32)
+                    # the two 16-column halves have their own scales: two dots, each with the other half of
+                    # the activations masked off at the load (no per-weight select)
+                    x_low = tl.load(x_rows + b * 32, mask=x_ok[:, None] & low[None, :], other=0)
+                    x_high = tl.load(x_rows + b * 32, mask=x_ok[:, None] & (c >= 16)[None, :], other=0)
+                    sum_low = tl.dot(x_low, tl.trans(w), out_dtype=tl.int32)
+                    sum_high = tl.dot(x_high, tl.trans(w), out_dtype=tl.int32)
+                    word = _pick4(sw0, sw1, sw2, sw3, 2 * (s // 4) + (s % 4) // 2)
+                    sc_low = (word << (24 - 16 * (s % 2))) >> 24           # signed bytes 2 (s % 2), + 1
+                    sc_high = (word << (16 - 16 * (s % 2))) >> 24
+                    isum = sum_low * sc_low[None, :] + sum_high * sc_high[None, :]   # |isum| < 2**24: exact in int32
                     xd = tl.load(xd_rows + b, mask=x_ok, other=0.0)
-                    acc += (sum_low.to(tl.float32) * sc_low[None, :] + sum_high.to(tl.float32) * sc_high[None, :]) \
-                        * xd[:, None] * d[None, :]
+                    acc = tl.fma(isum.to(tl.float32) * xd[:, None], d[None, :], acc)
     return acc
 
 

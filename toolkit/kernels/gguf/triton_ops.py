@@ -8,7 +8,8 @@ Launch choices (measured by ``bench/bench_gguf_kernels.py --sweep``; see the con
   int8-activation dp4a GEMV (``triton_gemv_tokens``, launches in ``tokens_config``;
   ``TOOLKIT_GGUF_DP4A=0`` turns the int8 kernels off); for the other types at T=1, the float32
   multiply-accumulate kernel (``BM=1``) on word-wise tiles.
-- then up to ``MMQ_MAX_TOKENS[type]`` (Q4_0, Q4_K and Q6_K: 16, Q8_0: 32): the int8 tensor-core kernel
+- then up to ``MMQ_MAX_TOKENS[type]`` (Q4_0, Q4_K and Q6_K: 16, Q8_0: 32; Q4_K up to 32 where its
+  16-bit copy would not fit in L2): the int8 tensor-core kernel
   (``triton_mmq``, launches in ``mmq_config``); up to ``FUSED_MAX_TOKENS`` for the other types the
   fused ``tl.dot`` kernel with ``BM=16``.
 - larger ``T`` (prefill): Triton dequantize to x's dtype, then the dense matmul (cuBLAS): 3-4x
@@ -30,7 +31,7 @@ from .triton_dp4a import quantize_activations_kernel
 from .triton_gemv_tokens import gemv_tokens_kernel
 from .triton_kernels import dequantize_kernel, matmul_kernel
 from .triton_mmq import MMQ_MIN_TYPES, MMQ_TYPES, mmq_kernel
-from ..launch import num_sms, split_k
+from ..launch import l2_bytes, num_sms, split_k
 from ..triton_reduce import sum_splits
 
 # Scale sub-block per type: the tile width must be a multiple of it.
@@ -132,8 +133,19 @@ class MmqConfig:
 #   activations permuted once per call (``mmq_matmul``) it took 52-58 us against the float kernel's
 #   75-106 at 14336x4096 and 4096x14336, 26-36 against 33-41 at the 1.5B model's shapes (T = 2-16), and
 #   the 1.5B Q4_0 file's batch-8 decode went from 2,459 to 2,772 tok/s (medians of 3 alternations).
+# - session 6: the kernel unpacks four weights per 32-bit register (``triton_mmq.nibbles``, ``six_bits``) and
+#   reads the scales as words; Q4_K's PTX per super-block fell from 3,314 to 2,105 instructions (BM=32, BN=32,
+#   2 warps). ``.dev`` sweep on an H100 (same run, CUDA-graph timing), us at 14336x4096 / 4096x14336, old
+#   kernel -> new (launch above): Q4_K T=8 50.5/50.2 -> 39.1/38.4, T=16 67.7/65.0 -> 46.6/48.8, T=32 103.5/95.0
+#   -> 76.6/81.0 (BM=32) against dequantize + cuBLAS's 113.8/112.6; at T=64 it lost at 14336x4096 (best 153.6
+#   against 112.0). At the 1.5B model's shapes, T=32, dequantize + cuBLAS stayed ahead where the bf16 copy fits
+#   in L2 (3072x2048: 14.0 against 28.1; 2048x8192: 29.9 against 34.1) and lost where it does not (16384x2048:
+#   66.1 against 56.7). So Q4_K takes it at 17-32 tokens only for weights whose 16-bit copy exceeds L2
+#   (``MMQ_LARGE_MAX_TOKENS``). Q6_K: T=8/16 within 5% of the old kernel, T=32 130-137 against dequantize +
+#   cuBLAS's 116 at 14336x4096, so it stays at 16.
 MMQ_MIN_TOKENS = 2
 MMQ_MAX_TOKENS = {"Q4_0": 16, "Q4_K": 16, "Q6_K": 16, "Q8_0": 32}     # the types gguf_matmul sends to it, up to T
+MMQ_LARGE_MAX_TOKENS = {"Q4_K": 32}   # ... and up to T when the weight's 16-bit copy would not fit in L2
 MMQ_CONFIG = MmqConfig(bn=32, num_warps=2, num_stages=3, programs_per_sm=8)
 MMQ_CONFIG_BY_TYPE = {"Q6_K": MmqConfig(bn=32, num_warps=4, num_stages=3, programs_per_sm=16)}
 
@@ -317,17 +329,27 @@ def _mmq_split(tiles: int, programs_per_sm: int, device: torch.device) -> int:
     return 1 if want <= 1 else min(8, 2 ** round(math.log2(want)))
 
 
-def _mmq_ok(qtype: int, cols: int, tokens: int) -> bool:
+def _mmq_max_tokens(data: torch.Tensor, name: str, cols: int) -> int:
+    """The most tokens the int8 tensor-core kernel takes for this weight: beyond ``MMQ_MAX_TOKENS`` a dequantized
+    copy that fits in L2 makes dequantize + cuBLAS the faster path (measured above)."""
+    if name in MMQ_LARGE_MAX_TOKENS and data.shape[0] * cols * 2 > l2_bytes(data.device):
+        return MMQ_LARGE_MAX_TOKENS[name]
+    return MMQ_MAX_TOKENS.get(name, 0)
+
+
+def _mmq_ok(data: torch.Tensor, qtype: int, cols: int, tokens: int) -> bool:
     name = type_name(qtype)
-    return (MMQ_MIN_TOKENS <= tokens <= MMQ_MAX_TOKENS.get(name, 0) and cols % MMQ_TYPES[name] == 0
-            and dp4a_enabled())
+    # Q4_K/Q5_K scales are read as 32-bit words: rows must stay 4-aligned
+    return (name in MMQ_MAX_TOKENS and MMQ_MIN_TOKENS <= tokens <= _mmq_max_tokens(data, name, cols)
+            and cols % MMQ_TYPES[name] == 0 and dp4a_enabled()
+            and (name not in ("Q4_K", "Q5_K") or data.stride(0) % 4 == 0))
 
 
 def _int8_kernel(data: torch.Tensor, qtype: int, cols: int, tokens: int):
     """The int8-activation kernel ``gguf_matmul`` takes for this call (dp4a or mmq), or None."""
     if tokens <= TOKENS_MAX_TOKENS.get(type_name(qtype), 0) and _dp4a_ok(data, qtype, cols):
         return dp4a_tokens_matmul
-    if _mmq_ok(qtype, cols, tokens):
+    if _mmq_ok(data, qtype, cols, tokens):
         return mmq_matmul
     return None
 
