@@ -11,6 +11,8 @@ indexes its per-expert counts with that id: on the CPU ``scatter_add_`` raises, 
 device-side assert. These tests give the spare rows non-finite values and require that every id names an
 expert and that the real rows still equal the torch reference (gguf-py's dequantization).
 
+Also here: the int8 route blocks' dispatch by route count (``MOE_INT8_ROUTES``, ``TOOLKIT_MOE_INT8``).
+
 Skipped where Triton is not installed and on CUDA machines (tests/test_moe_gpu.py captures the compiled
 kernels in a CUDA graph there).
 """
@@ -114,3 +116,34 @@ def test_fused_moe_with_a_prefill_captures_spare_rows(int8, monkeypatch):
     expected = gguf_moe_reference.gguf_fused_moe(x[:real], *args, ref_weights, ref_ids)
     tolerance = (4e-2 if int8 else 1e-4) * expected.abs().max().item()
     torch.testing.assert_close(got[:real], expected, atol=tolerance, rtol=0)
+
+
+@here
+def test_int8_route_blocks_by_route_count(monkeypatch):
+    """The dispatch: unset ``TOOLKIT_MOE_INT8`` takes the int8 route blocks for route counts in
+    ``MOE_INT8_ROUTES`` (inclusive) only, ``=1`` / ``=0`` force them on / off; whichever kernel runs, the
+    result is the torch reference's (int8 or float tolerance). 3 and 6 tokens x top-2 with the
+    one-route-per-program limit at 4 routes: 6 and 12 routes in blocks."""
+    experts, hidden, inter, top_k = 4, 256, 64, 2
+    monkeypatch.setattr(moe_triton, "DECODE_ROUTES", 4)
+    monkeypatch.setattr(triton_moe, "MOE_INT8_ROUTES", (8, 12))
+    monkeypatch.delenv("TOOLKIT_MOE_INT8", raising=False)
+    args = (_packed(Q.Q4_K, experts * 2 * inter, hidden, 20), int(Q.Q4_K), _packed(Q.Q8_0, experts * hidden, inter, 21),
+            int(Q.Q8_0))
+    calls = []
+    real_mmq = triton_moe.mmq_routes
+    monkeypatch.setattr(triton_moe, "mmq_routes", lambda *a, **k: calls.append(a[2]) or real_mmq(*a, **k))
+    for tokens, setting, int8 in ((6, None, True), (3, None, False), (3, "1", True), (6, "0", False)):
+        if setting is None:
+            monkeypatch.delenv("TOOLKIT_MOE_INT8", raising=False)
+        else:
+            monkeypatch.setenv("TOOLKIT_MOE_INT8", setting)
+        x = torch.randn(tokens, hidden, generator=torch.Generator().manual_seed(tokens)) * 0.5
+        weights, ids = moe_reference.moe_route(torch.randn(tokens, experts, generator=torch.Generator().manual_seed(9)),
+                                               top_k, True)
+        calls.clear()
+        got = triton_moe.gguf_fused_moe(x, *args, weights, ids)
+        assert calls == ([int(Q.Q4_K), int(Q.Q8_0)] if int8 else []), (tokens, setting)
+        expected = gguf_moe_reference.gguf_fused_moe(x, *args, weights, ids)
+        tolerance = (4e-2 if int8 else 1e-4) * expected.abs().max().item()
+        torch.testing.assert_close(got, expected, atol=tolerance, rtol=0)
