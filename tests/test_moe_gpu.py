@@ -196,6 +196,25 @@ def test_triton_route_matches_reference(tokens, experts, top_k, renormalize, dty
     assert torch.equal(ids[untied], expected_ids[untied])  # where no probability ties, the same experts
 
 
+@pytest.mark.parametrize("experts", [128, 60])
+def test_triton_route_names_an_expert_for_nonfinite_logits(experts):
+    """Compiled: rows with NaN, +inf or all -inf logits get ``k`` distinct experts in ``[0, E)`` and NaN weights
+    (the torch reference's weights there are NaN too); the finite rows beside them are the reference's."""
+    from toolkit.kernels import moe, moe_triton  # noqa: PLC0415
+
+    logits = torch.randn(7, experts, generator=torch.Generator().manual_seed(experts)) * 3
+    logits[3] = float("nan")
+    logits[4, 5] = float("inf")
+    logits[5] = float("-inf")
+    logits[6, 1] = float("nan")
+    weights, ids = moe_triton.moe_route(logits.cuda(), 8, True)
+    ref_weights, ref_ids = moe.moe_route(logits, 8, True)
+    assert ((ids >= 0) & (ids < experts)).all() and all(len(set(row)) == 8 for row in ids.tolist())
+    assert weights[3:].isnan().all() and ref_weights[3:].isnan().all()
+    torch.testing.assert_close(weights[:3].cpu(), ref_weights[:3], atol=1e-6, rtol=1e-5)
+    assert torch.equal(ids[:3].cpu(), ref_ids[:3])
+
+
 def _poison_allocator() -> None:
     """Leave the caching allocator's free blocks full of 0xFF bytes (NaN in bf16, fp16 and fp32), so a
     ``torch.empty`` that no kernel writes reads NaN, as an unwritten attention row of a prefill graph's
