@@ -6,12 +6,16 @@ Usage (on a CUDA device):
     python bench/bench_moe_kernels.py --ab --bm 16,32,64     # ... at several route-block sizes (BM)
     python bench/bench_moe_kernels.py --ab --sweep           # ... and more int8 launches (BN, warps, stages)
     python bench/bench_moe_kernels.py --ab --down Q4_K       # another down type (Q4_0, Q8_0, Q4_K, Q5_K, Q6_K)
+    python bench/bench_moe_kernels.py --ab --routes 16,64,256,512,1024 --bm 1,16,32   # route counts: where int8 pays
+
 
 One MoE layer's experts are ~390 MB, beyond any L2 cache, so one layer per graph replay. ``--ab`` times the
 variants interleaved (best of 2 passes of 20-replay medians) and prints each one's largest difference from
 the float kernel's output relative to that output's largest magnitude (int8 rounding: ~1e-2 expected).
-Token counts at or below the one-route-per-program limit (``TOOLKIT_MOE_DECODE_ROUTES``, 64 routes: T <= 8)
-run the dp4a GEMV whatever the variant; ``--ab`` skips them.
+Each ``--ab`` variant forces its kernel whatever the route count: BM=1 is one route per program (the dp4a GEMV
+the dispatch takes up to ``DECODE_ROUTES``), BM >= 16 route blocks of that size even below that limit or from
+``LARGE_BLOCKS`` on. ``--routes`` names route counts (top-8: tokens = routes / 8) instead of ``--tokens``; it
+ends with the table ``triton_moe.MOE_INT8_ROUTES`` is read from (int8 over float, each at its best BM).
 """
 from __future__ import annotations
 
@@ -41,12 +45,16 @@ def expert_gigabytes(tokens: int, gu, dn) -> float:
 
 
 def variant(fn, args, int8: bool, bm: int, config=None):
-    """``fn(*args)`` with the route blocks on int8 tensor cores or not, BM routes a block, and an int8
-    launch ``(BN, warps, stages)``; the settings hold while the graph is captured (what it replays)."""
+    """``fn(*args)`` with BM routes a program (1: one route per program; else route blocks of BM, on int8
+    tensor cores or not, and an int8 launch ``(BN, warps, stages)``), whatever the route count; the settings
+    hold while the graph is captured (what it replays)."""
     def run():
-        saved = os.environ.get("TOOLKIT_MOE_INT8"), moe_triton.BM_GROUPED, dict(triton_moe.MMQ_ROUTE)
+        saved = (os.environ.get("TOOLKIT_MOE_INT8"), moe_triton.BM_GROUPED, dict(triton_moe.MMQ_ROUTE),
+                 moe_triton.DECODE_ROUTES, triton_moe.LARGE_BLOCKS)
         os.environ["TOOLKIT_MOE_INT8"] = "1" if int8 else "0"
         moe_triton.BM_GROUPED = bm
+        moe_triton.DECODE_ROUTES = 1 << 30 if bm == 1 else 0
+        triton_moe.LARGE_BLOCKS = None
         if config:
             triton_moe.MMQ_ROUTE.update({name: config for name in (*triton_moe.MMQ_ROUTE, "default")})
         try:
@@ -59,6 +67,7 @@ def variant(fn, args, int8: bool, bm: int, config=None):
             moe_triton.BM_GROUPED = saved[1]
             triton_moe.MMQ_ROUTE.clear()
             triton_moe.MMQ_ROUTE.update(saved[2])
+            moe_triton.DECODE_ROUTES, triton_moe.LARGE_BLOCKS = saved[3], saved[4]
     return run
 
 
@@ -68,6 +77,7 @@ SWEEP = [(32, 2, 3), (64, 4, 2), (64, 8, 3), (128, 4, 3), (128, 8, 3)]   # int8 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tokens", default="1,8,32,64,512")
+    parser.add_argument("--routes", help="route counts instead of --tokens (multiples of top-k 8)")
     parser.add_argument("--ab", action="store_true", help="route blocks: int8 tensor cores vs the float kernel")
     parser.add_argument("--bm", default="16", help="route-block sizes (BM) for --ab, comma-separated")
     parser.add_argument("--sweep", action="store_true", help="with --ab: more int8 launches (BN, warps, stages)")
@@ -77,7 +87,14 @@ def main() -> None:
     gu, gu_type, dn, dn_type = layer(opts.gate_up, opts.down)
     print(f"{torch.cuda.get_device_name()}: E={E} H={H} I={I} top-{K}, gate_up {opts.gate_up}, down {opts.down}; "
           f"int8 launch {triton_moe.MMQ_ROUTE} (BN, warps, stages)")
-    for tokens in (int(t) for t in opts.tokens.split(",")):
+    if opts.routes:
+        counts = [int(r) for r in opts.routes.split(",")]
+        assert all(r % K == 0 for r in counts), f"--routes: multiples of top-k {K}"
+        token_counts = [r // K for r in counts]
+    else:
+        token_counts = [int(t) for t in opts.tokens.split(",")]
+    summary = []
+    for tokens in token_counts:
         x = torch.randn(tokens, H, device="cuda", dtype=torch.bfloat16)
         w, ids = runtime.call("moe_route", torch.randn(tokens, E, device="cuda"), K, True)
         args = (x, gu, gu_type, dn, dn_type, w, ids)
@@ -88,11 +105,11 @@ def main() -> None:
             print(f"T={tokens:4d} triton fused MoE (CUDA graph) {us / 1000:.3f} ms  ~{gigabytes / us * 1e6:.0f} GB/s "
                   f"of expert bytes")
             continue
-        if tokens * K <= moe_triton.DECODE_ROUTES:
-            print(f"T={tokens:4d}: {tokens * K} routes run one route per program (dp4a); no route blocks to compare")
-            continue
         fns = {}
         for bm in (int(b) for b in opts.bm.split(",")):
+            if bm == 1:
+                fns["route/program BM=1"] = variant(fn, args, False, 1)
+                continue
             fns[f"float BM={bm}"] = variant(fn, args, False, bm)
             fns[f"int8 BM={bm}"] = variant(fn, args, True, bm)
             for config in SWEEP if opts.sweep else ():
@@ -112,6 +129,20 @@ def main() -> None:
         for label, us in sorted(times.items(), key=lambda item: item[1]):
             print(f"  {label:32s} {us / 1000:7.3f} ms  {base / us:5.2f}x  ~{gigabytes / us * 1e6:5.0f} GB/s  "
                   f"diff {diffs[label]:.1e}")
+        best = {kind: min(((us, label) for label, us in times.items() if label.startswith(kind)), default=None)
+                for kind in ("float", "int8", "route/program")}
+        summary.append((tokens * K, best))
+    if summary:
+        print("\nroutes | float (best BM) ms | int8 (best BM) ms | int8 speedup | one route/program ms")
+        for routes, best in summary:
+            flt, i8, one = best["float"], best["int8"], best["route/program"]
+            speedup = f"{flt[0] / i8[0]:.2f}x" if flt and i8 else "-"
+            cells = [f"{b[0] / 1000:.3f} ({b[1].split(' ', 1)[1]})" if b else "-" for b in (flt, i8)]
+            print(f"{routes:6d} | {cells[0]} | {cells[1]} | {speedup} | " + (f"{one[0] / 1000:.3f}" if one else "-"))
+        wins = [routes for routes, best in summary if best["float"] and best["int8"]
+                and best["int8"][0] < 0.98 * best["float"][0]]
+        print(f"int8 ahead by > 2% at routes {wins}: MOE_INT8_ROUTES = "
+              f"{(min(wins), max(wins)) if wins else None} if those are contiguous (check the rows between)")
 
 
 if __name__ == "__main__":

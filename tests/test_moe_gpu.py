@@ -67,7 +67,9 @@ def test_gguf_fused_moe_matches_reference(qtype, tokens):
     if tokens * top_k <= 64:
         int8 = qtype.name in triton_ops.DP4A_STEP
     else:
-        int8 = triton_moe._mmq_routes_ok(int(qtype), hidden) and triton_moe._mmq_routes_ok(int(qtype), inter)
+        routes = tokens * top_k
+        int8 = (triton_moe._mmq_routes_ok(int(qtype), hidden, routes)
+                and triton_moe._mmq_routes_ok(int(qtype), inter, routes))
     torch.testing.assert_close(got.float(), expected, atol=(4e-2 if int8 else 2e-2) * expected.abs().max().item(),
                                rtol=0)
 
@@ -192,3 +194,106 @@ def test_triton_route_matches_reference(tokens, experts, top_k, renormalize, dty
     ranked = torch.softmax(logits.float(), -1).sort(-1, descending=True).values[:, :top_k + 1]
     untied = (ranked[:, :-1] != ranked[:, 1:]).all(-1)
     assert torch.equal(ids[untied], expected_ids[untied])  # where no probability ties, the same experts
+
+
+@pytest.mark.parametrize("experts", [128, 60])
+def test_triton_route_names_an_expert_for_nonfinite_logits(experts):
+    """Compiled: rows with NaN, +inf or all -inf logits get ``k`` distinct experts in ``[0, E)`` and NaN weights
+    (the torch reference's weights there are NaN too); the finite rows beside them are the reference's."""
+    from toolkit.kernels import moe, moe_triton  # noqa: PLC0415
+
+    logits = torch.randn(7, experts, generator=torch.Generator().manual_seed(experts)) * 3
+    logits[3] = float("nan")
+    logits[4, 5] = float("inf")
+    logits[5] = float("-inf")
+    logits[6, 1] = float("nan")
+    weights, ids = moe_triton.moe_route(logits.cuda(), 8, True)
+    ref_weights, ref_ids = moe.moe_route(logits, 8, True)
+    assert ((ids >= 0) & (ids < experts)).all() and all(len(set(row)) == 8 for row in ids.tolist())
+    assert weights[3:].isnan().all() and ref_weights[3:].isnan().all()
+    torch.testing.assert_close(weights[:3].cpu(), ref_weights[:3], atol=1e-6, rtol=1e-5)
+    assert torch.equal(ids[:3].cpu(), ref_ids[:3])
+
+
+def _poison_allocator() -> None:
+    """Leave the caching allocator's free blocks full of 0xFF bytes (NaN in bf16, fp16 and fp32), so a
+    ``torch.empty`` that no kernel writes reads NaN, as an unwritten attention row of a prefill graph's
+    warm-up or spare token can (int8 activation buffers reused as bf16 are full of NaN and inf patterns).
+    Both pools: blocks up to 1 MiB come from 2 MiB segments, larger ones from their own."""
+    torch.cuda.synchronize()
+    held = [torch.full((size,), 255, dtype=torch.uint8, device="cuda")
+            for size in [1 << 20] * 64 + [1 << 16] * 256 + [32 << 20] * 8]
+    torch.cuda.synchronize()
+    del held
+
+
+@pytest.mark.parametrize("tokens, real", [(32, 27), (512, 300)])   # route blocks of 16, and of 32 (LARGE_BLOCKS)
+@pytest.mark.parametrize("qtype", [Q.Q4_K, Q.Q8_0], ids=lambda q: q.name)
+def test_gguf_moe_int8_in_a_cuda_graph_with_capture_inputs(qtype, tokens, real, monkeypatch):
+    """Router + fused MoE with the int8 route blocks (``TOOLKIT_MOE_INT8=1``) captured in a ``torch.cuda.graph``
+    as ``PrefillGraphs`` does it: static buffers, a warm-up forward on all-NaN activations (the inert warm-up's
+    unwritten rows), capture, then replays with ``real`` real rows and non-finite spare rows. Before the
+    route kernel's fix a non-finite row routed to expert E (a device-side assert in ``align_routes``). The
+    real rows equal an eager call on the same buffer exactly, and the torch reference on the real rows alone
+    (int8 rounding tolerance)."""
+    from toolkit.kernels.gguf_moe import triton_moe  # noqa: PLC0415
+    monkeypatch.setenv("TOOLKIT_MOE_INT8", "1")
+    experts, top_k, hidden, inter = 16, 4, 512, 256
+    x_real, gate_up, gu_type, down, down_type, _, _ = _gguf_case(qtype, experts, real, top_k, 21, 22, hidden, inter)
+    router = (torch.randn(experts, hidden, generator=torch.Generator().manual_seed(23)) * 0.05).cuda()
+    calls = []
+    real_mmq = triton_moe.mmq_routes
+    monkeypatch.setattr(triton_moe, "mmq_routes", lambda *a, **k: calls.append(a[2]) or real_mmq(*a, **k))
+    x = torch.full((tokens, hidden), float("nan"), dtype=torch.bfloat16, device="cuda")
+
+    def forward():
+        logits = x.float() @ router.T
+        weights, ids = runtime.call("moe_route", logits, top_k, True)
+        return logits, runtime.call("gguf_fused_moe", x, gate_up, gu_type, down, down_type, weights, ids)
+
+    forward()                                       # the warm-up: every row non-finite
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        logits, out = forward()
+    assert calls and set(calls) == {int(qtype)}     # the int8 route blocks ran, for both projections
+    spare = torch.tensor([float("nan"), float("inf"), float("-inf")], device="cuda").repeat(tokens)[:tokens - real]
+    x[:real] = x_real
+    x[real:] = spare[:, None].to(torch.bfloat16)
+    graph.replay()
+    torch.cuda.synchronize()
+    eager = forward()[1]
+    torch.testing.assert_close(out[:real], eager[:real], rtol=0, atol=0)
+    weights, ids = runtime.reference("moe_route")(logits[:real], top_k, True)   # the oracle routes the same logits
+    expected = runtime.reference("gguf_fused_moe")(x_real.float(), gate_up, gu_type, down, down_type, weights, ids)
+    torch.testing.assert_close(out[:real].float(), expected, atol=4e-2 * expected.abs().max().item(), rtol=0)
+
+
+@pytest.mark.parametrize("int8", [True, False], ids=["int8", "float"])
+@pytest.mark.parametrize("to", ["gguf:Q4_K", "gguf:Q8_0"])
+def test_moe_engine_graphs_equal_eager_with_int8_route_blocks(to, int8, tmp_path, monkeypatch):
+    """The engine with CUDA graphs (decode and prefill, enforce_eager=False) against the eager engine, greedy,
+    on a tiny Qwen3-MoE GGUF with packed experts, ``TOOLKIT_MOE_INT8`` on and off, with the allocator's free
+    blocks poisoned with NaN before the prompts' step (whose prefill bucket, 64 tokens x top-2, runs the route
+    blocks; 63 real tokens): the prefill capture's warm-up must not trip on its unwritten attention rows."""
+    from moe_fixtures import save_moe_model  # noqa: PLC0415
+    from toolkit.core.convert import convert  # noqa: PLC0415
+    from toolkit.kernels.gguf_moe import triton_moe  # noqa: PLC0415
+
+    monkeypatch.setenv("TOOLKIT_MOE_INT8", "1" if int8 else "0")
+    save_moe_model(tmp_path / "hf", "qwen3_moe", mlp_only_layers=[], hidden=256, expert_ffn=256, seed=5)
+    convert(tmp_path / "hf", tmp_path / "m.gguf", to=to)
+    loaded = toolkit.load(str(tmp_path / "m.gguf"), device="cuda", dtype="bf16")
+    prompts = [[5, 9, 13], [7] * 20, [100, 3], list(range(1, 39))]   # 63 tokens: bucket 64, one spare token
+    greedy = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
+    eager = [o.token_ids for o in LLM(loaded, max_num_seqs=8, enforce_eager=True).generate(prompts, greedy)]
+    calls = []
+    real_mmq = triton_moe.mmq_routes
+    monkeypatch.setattr(triton_moe, "mmq_routes", lambda *a, **k: calls.append(a[2]) or real_mmq(*a, **k))
+    graphs = LLM(loaded, max_num_seqs=8)
+    _poison_allocator()
+    got = [o.token_ids for o in graphs.generate(prompts, greedy)]
+    prefill = graphs.executor.runner.prefill_graphs
+    assert prefill.graphs and prefill.note is None      # the prompts' step ran from a captured prefill graph
+    assert bool(calls) == int8                          # the int8 route blocks ran (or did not) in the engine
+    assert got == eager

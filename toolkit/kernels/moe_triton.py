@@ -151,22 +151,28 @@ fused_moe.supports = lambda x, gate_up, down, topk_weights, topk_ids, activation
 def route_kernel(logits_ptr, weights_ptr, ids_ptr, num_experts, stride_t, TOP_K: tl.constexpr,
                  K_PAD: tl.constexpr, RENORMALIZE: tl.constexpr, BE: tl.constexpr):
     """Program t: softmax of token t's router logits in float32, its top ``TOP_K`` (largest first,
-    the lowest expert among equal probabilities), optionally renormalised to sum to 1."""
+    the lowest expert among equal probabilities), optionally renormalised to sum to 1.
+
+    Every id names an expert whatever the logits: a non-finite logit makes the row's probabilities NaN,
+    and NaN counts as the largest (as ``torch.topk`` counts it), its weight staying NaN. Rows of
+    arbitrary values reach the router for real: a prefill graph's warm-up and its spare tokens carry
+    attention rows no kernel wrote (``prefill_graphs``); an id >= E there was an out-of-range index in
+    ``align_routes`` (a device-side assert) or an out-of-bounds expert in the route kernels."""
     t = tl.program_id(0).to(tl.int64)
     e = tl.arange(0, BE)
     ok = e < num_experts
     logits = tl.load(logits_ptr + t * stride_t + e, mask=ok, other=float("-inf")).to(tl.float32)
     p = tl.exp(logits - tl.max(logits, axis=0))
     probs = tl.where(ok, p / tl.sum(p, axis=0), -1.0)
+    rank = tl.where(probs != probs, 2.0, probs)   # the selection key: NaN above every probability, never NaN
     k = tl.arange(0, K_PAD)
     top_w = tl.zeros((K_PAD,), dtype=tl.float32)
     top_id = tl.zeros((K_PAD,), dtype=tl.int64)
     for i in tl.static_range(TOP_K):
-        best = tl.max(probs, axis=0)
-        pick = tl.min(tl.where(probs == best, e, BE), axis=0)
-        top_w = tl.where(k == i, best, top_w)
+        pick = tl.min(tl.where(rank == tl.max(rank, axis=0), e, BE), axis=0)   # < num_experts: TOP_K <= E
+        top_w = tl.where(k == i, tl.sum(tl.where(e == pick, probs, 0.0), axis=0), top_w)   # its probability
         top_id = tl.where(k == i, pick.to(tl.int64), top_id)
-        probs = tl.where(e == pick, -1.0, probs)
+        rank = tl.where(e == pick, -1.0, rank)
     if RENORMALIZE:
         top_w = top_w / tl.sum(top_w, axis=0)
     tl.store(weights_ptr + t * TOP_K + k, top_w, mask=k < TOP_K)

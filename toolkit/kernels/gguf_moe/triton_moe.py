@@ -7,10 +7,15 @@ Kernels, by route count (``moe_triton.block_rows``): up to ``DECODE_ROUTES`` rou
 program on int8 activations (``gguf_moe_dp4a_kernel``, the dense decode GEMV's steps); above that,
 blocks of ``BM`` routes of one expert on int8 tensor cores (``gguf_moe_mmq_kernel``, the dense mmq
 kernel's K loop) for the types that have it, else the float ``tl.dot`` kernel (``gguf_moe_kernel``).
-The int8 route blocks are opt-in (``TOOLKIT_MOE_INT8=1``): on an H100 the kernel matched the reference
-in its GPU tests and in eager prefills of 9-40 tokens, but the engine's prefill CUDA-graph capture of the
-Qwen3-30B-A3B-shaped file hit a device-side assert with it on (not yet diagnosed), and in the kernel
-bench it was no faster than the float kernel at prefill (1.159 against 1.166 ms per layer at BM=32)."""
+The int8 route blocks run for route counts in ``MOE_INT8_ROUTES`` (none by default) or always / never with
+``TOOLKIT_MOE_INT8=1`` / ``0``. With them on, the engine's first prefill CUDA-graph capture of the
+Qwen3-30B-A3B-shaped file once hit a device-side assert (H100). Diagnosed on the CPU
+(tests/test_moe_capture_inputs.py), not in this kernel: the capture's warm-up runs on attention rows no
+kernel wrote, a non-finite router logit made the route kernel name expert E, and ``align_routes`` indexed
+its counts with it (fixed in ``moe_triton.route_kernel``; the int8 path's freed int8 buffers, read as
+bf16, only made NaN patterns in those rows likely; the device re-run is tests/test_moe_gpu.py). At
+prefill the kernel was no faster than the float one (1.159 against 1.166 ms per layer at BM=32), at 512
+routes 1.14x."""
 from __future__ import annotations
 
 import os
@@ -137,13 +142,26 @@ def gguf_moe_mmq_kernel(xq_ptr, xd_ptr, xs_ptr, w_ptr, out_ptr, route_ptr, block
 MMQ_ROUTE = {"default": (64, 4, 3)}
 
 
-def moe_int8_enabled() -> bool:
-    return os.environ.get("TOOLKIT_MOE_INT8", "0") == "1"
+# Route counts (inclusive bounds) whose route blocks take the int8 tensor-core kernel by default; None: none
+# do. Measured before (H100, Qwen3-30B-A3B shapes): int8 0.567 against float 0.646 ms per layer at 512 routes,
+# equal at 4,096. Left off until a device run of ``bench/bench_moe_kernels.py --ab --routes
+# 16,64,256,512,1024 --bm 16,32`` gives the range, and the engine's CUDA-graph tests pass with it on
+# (tests/test_moe_gpu.py -k "capture_inputs or int8_route_blocks").
+MOE_INT8_ROUTES: tuple[int, int] | None = None
 
 
-def _mmq_routes_ok(qtype: int, cols_in: int) -> bool:
+def moe_int8_enabled(routes: int) -> bool:
+    """Whether ``routes`` routes in blocks take the int8 kernel: ``TOOLKIT_MOE_INT8=1`` always, ``=0`` never,
+    otherwise (unset) when ``routes`` lies in ``MOE_INT8_ROUTES``."""
+    setting = os.environ.get("TOOLKIT_MOE_INT8", "")
+    if setting in ("0", "1"):
+        return setting == "1"
+    return MOE_INT8_ROUTES is not None and MOE_INT8_ROUTES[0] <= routes <= MOE_INT8_ROUTES[1]
+
+
+def _mmq_routes_ok(qtype: int, cols_in: int, routes: int) -> bool:
     name = type_name(qtype)
-    return moe_int8_enabled() and name in MMQ_TYPES and cols_in % MMQ_TYPES[name] == 0
+    return name in MMQ_TYPES and cols_in % MMQ_TYPES[name] == 0 and moe_int8_enabled(routes)
 
 
 def mmq_routes(a, data, qtype, cols_in, rows_out, route, block_expert, weights, bm, top_k, routes, num_experts,
@@ -171,7 +189,7 @@ def _grouped_matmul(x, a, data, qtype, cols_in, rows_out, route, block_expert, w
                     num_experts, per_route):
     if bm == 1 and _dp4a_ok(data, qtype, cols_in):   # the dense GEMV's conditions
         return _dp4a_routes(a, data, qtype, cols_in, rows_out, block_expert, weights, top_k, routes, per_route)
-    if bm >= 16 and _mmq_routes_ok(qtype, cols_in):
+    if bm >= 16 and _mmq_routes_ok(qtype, cols_in, routes):
         return mmq_routes(a, data, qtype, cols_in, rows_out, route, block_expert, weights, bm, top_k, routes,
                           num_experts, per_route)
     bn, bk_wanted, warps = DECODE if bm == 1 else GROUPED
