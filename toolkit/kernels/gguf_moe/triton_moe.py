@@ -7,15 +7,14 @@ Kernels, by route count (``moe_triton.block_rows``): up to ``DECODE_ROUTES`` rou
 program on int8 activations (``gguf_moe_dp4a_kernel``, the dense decode GEMV's steps); above that,
 blocks of ``BM`` routes of one expert on int8 tensor cores (``gguf_moe_mmq_kernel``, the dense mmq
 kernel's K loop) for the types that have it, else the float ``tl.dot`` kernel (``gguf_moe_kernel``).
-The int8 route blocks run for route counts in ``MOE_INT8_ROUTES`` (none by default) or always / never with
+The int8 route blocks run for route counts in ``MOE_INT8_ROUTES`` (16-1,024) or always / never with
 ``TOOLKIT_MOE_INT8=1`` / ``0``. With them on, the engine's first prefill CUDA-graph capture of the
 Qwen3-30B-A3B-shaped file once hit a device-side assert (H100). Diagnosed on the CPU
 (tests/test_moe_capture_inputs.py), not in this kernel: the capture's warm-up runs on attention rows no
 kernel wrote, a non-finite router logit made the route kernel name expert E, and ``align_routes`` indexed
 its counts with it (fixed in ``moe_triton.route_kernel``; the int8 path's freed int8 buffers, read as
-bf16, only made NaN patterns in those rows likely; the device re-run is tests/test_moe_gpu.py). At
-prefill the kernel was no faster than the float one (1.159 against 1.166 ms per layer at BM=32), at 512
-routes 1.14x."""
+bf16, only made NaN patterns in those rows likely; tests/test_moe_gpu.py passed on an H100 with the fix).
+At 16-1,024 routes it is 1.28-1.37x faster than the float kernel (see ``MOE_INT8_ROUTES``)."""
 from __future__ import annotations
 
 import os
@@ -143,11 +142,14 @@ MMQ_ROUTE = {"default": (64, 4, 3)}
 
 
 # Route counts (inclusive bounds) whose route blocks take the int8 tensor-core kernel by default; None: none
-# do. Measured before (H100, Qwen3-30B-A3B shapes): int8 0.567 against float 0.646 ms per layer at 512 routes,
-# equal at 4,096. Left off until a device run of ``bench/bench_moe_kernels.py --ab --routes
-# 16,64,256,512,1024 --bm 16,32`` gives the range, and the engine's CUDA-graph tests pass with it on
-# (tests/test_moe_gpu.py -k "capture_inputs or int8_route_blocks").
-MOE_INT8_ROUTES: tuple[int, int] | None = None
+# do. ``bench/bench_moe_kernels.py --ab --routes 16,64,256,512,1024 --bm 1,16,32`` (H100, session 6, Qwen3-30B-A3B
+# shapes, gate_up Q4_K, down Q6_K, after the packed-register unpacking in ``triton_mmq``), ms per layer, int8
+# BM=16 against float BM=16: 16 routes 0.105 / 0.145, 64: 0.252 / 0.331, 256: 0.437 / 0.589, 512: 0.494 / 0.659,
+# 1,024: 0.520 / 0.664 (1.28-1.37x; BM=32 was slower for both). Up to ``DECODE_ROUTES`` one route per program
+# is faster still (64 routes: 0.126). Above 1,024 (prefill) not re-measured: the float large blocks stay. The
+# engine's CUDA-graph tests pass with it on (tests/test_moe_gpu.py -k "capture_inputs or int8_route_blocks",
+# same run, after the route kernel's non-finite fix).
+MOE_INT8_ROUTES: tuple[int, int] | None = (16, 1024)
 
 
 def moe_int8_enabled(routes: int) -> bool:
