@@ -29,6 +29,7 @@ SHAPES = {
     "1.1B": (2048, 5632, 22, 32, 4, 32000),
     "1.5B": (2048, 8192, 24, 32, 8, 32000),
     "8B": (4096, 14336, 32, 32, 8, 128256),
+    "8B-4L": (4096, 14336, 4, 32, 8, 128256),   # 8B's matmul shapes in 4 layers: quick engine A/B of kernels
 }
 DEFAULT_MODELS = ("1.5B:Q4_0", "1.5B:Q4_K_M", "8B:Q4_K_M")
 CORPUS = ["The quick brown fox jumps over the lazy dog.", "Hello world, this is a synthetic model.",
