@@ -9,12 +9,17 @@ moves less with the load than the wall time. Cold runs have the cache off (``TOO
 cache that one untimed run filled first (the same folder keeps the reader's string indexes,
 string_index.py, so a warm run's open is faster too). Medians of ``--repeats`` runs are printed.
 
+SentencePiece vocabularies (``tokenizer.ggml.model = llama``) are timed with both backends side by
+side, alternating: ``sentencepiece`` (the default, spm_tokenizer.py) and ``tokenizers``
+(``TOOLKIT_GGUF_SENTENCEPIECE=off``); other vocabularies only ever use ``tokenizers``, so the two
+rows then time the same code. ``--backend`` picks one.
+
 ``--baseline SRC`` also runs another checkout's ``toolkit`` (a folder holding its ``toolkit/``
 package, e.g. from ``git archive main toolkit | tar -x -C /tmp/base``), alternating its runs
 with this one's so that a shared machine's load falls on both alike.
 
     python bench/bench_tokenizer_build.py gemma-3-270m-q4_k_m.gguf --repeats 5
-    python bench/bench_tokenizer_build.py model.gguf --repeats 5 --baseline /tmp/base
+    python bench/bench_tokenizer_build.py model.gguf --repeats 5 --backend tokenizers --baseline /tmp/base
 """
 from __future__ import annotations
 
@@ -43,13 +48,17 @@ t2 = time.perf_counter(); c2 = time.process_time(); tokenizer = build_tokenizer(
 t3 = time.perf_counter(); ids = tokenizer.encode("The quick brown fox jumps over the lazy dog.")
 t4 = time.perf_counter(); c4 = time.process_time()
 print(json.dumps({"cpu": c4 - c0, "cpu_tokenizer": c4 - c2, "open": t1 - t0, "check": t2 - t1, "build": t3 - t2, "encode": t4 - t3, "vocab": len(tokenizer),
-                  "toolkit": str(Path(toolkit.__file__).parent), "transformers": "transformers" in sys.modules}))
+                  "backend": type(tokenizer._backend).__name__, "toolkit": str(Path(toolkit.__file__).parent), "transformers": "transformers" in sys.modules}))
 """
 STEPS = ("open", "check", "build", "encode")
 
 
-def run(path: str, cache: str, src: str | None) -> dict:
-    env = dict(os.environ, TOOLKIT_TOKENIZER_CACHE=cache, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
+BACKENDS = {"sentencepiece": "on", "tokenizers": "off"}  # -> $TOOLKIT_GGUF_SENTENCEPIECE
+
+
+def run(path: str, cache: str, src: str | None, backend: str = "sentencepiece") -> dict:
+    env = dict(os.environ, TOOLKIT_TOKENIZER_CACHE=cache, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"),
+               TOOLKIT_GGUF_SENTENCEPIECE=BACKENDS[backend])
     cwd = None
     if src:  # a folder holding another checkout's toolkit/: first on the path, and not the working directory
         env["PYTHONPATH"] = os.pathsep.join(filter(None, (src, env.get("PYTHONPATH"))))
@@ -67,26 +76,31 @@ def main() -> None:
     parser.add_argument("gguf")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--baseline", help="a folder holding another checkout's toolkit/ package, run alternately")
+    parser.add_argument("--backend", choices=[*BACKENDS, "both"], default="both",
+                        help="which backend encodes a SentencePiece vocabulary (default: both, alternately)")
     args = parser.parse_args()
     path = os.path.abspath(args.gguf)
-    variants = {"this": None} | ({"baseline": os.path.abspath(args.baseline)} if args.baseline else {})
+    backends = list(BACKENDS) if args.backend == "both" else [args.backend]
+    variants = {backend if len(backends) > 1 else "this": (None, backend) for backend in backends}
+    if args.baseline:  # another checkout: its own default backend
+        variants["baseline"] = (os.path.abspath(args.baseline), "sentencepiece")
     with tempfile.TemporaryDirectory(prefix="tokcache-") as root:
         caches = {name: os.path.join(root, name) for name in variants}
-        for name, src in variants.items():
-            run(path, caches[name], src)  # fills the cache
+        for name, (src, backend) in variants.items():
+            run(path, caches[name], src, backend)  # fills the cache
         for label in ("cold", "warm"):
             runs: dict[str, list[dict]] = {name: [] for name in variants}
             for _ in range(args.repeats):
-                for name, src in variants.items():
-                    runs[name].append(run(path, "off" if label == "cold" else caches[name], src))
+                for name, (src, backend) in variants.items():
+                    runs[name].append(run(path, "off" if label == "cold" else caches[name], src, backend))
             for name, rows in runs.items():
                 med = {k: statistics.median(r[k] for r in rows) for k in STEPS}
                 until = statistics.median(sum(r[k] for k in STEPS) for r in rows)
                 cpu = statistics.median(r["cpu"] for r in rows)
                 cpu_tok = statistics.median(r["cpu_tokenizer"] for r in rows)
-                print(f"{label:4} {name:8}: open {med['open']:.2f} s  check {med['check']:.2f} s  "
+                print(f"{label:4} {name:13}: open {med['open']:.2f} s  check {med['check']:.2f} s  "
                       f"build_tokenizer {med['build']:.2f} s  first encode {med['encode']:.3f} s  "
-                      f"(until the first encode {until:.2f} s, CPU {cpu:.2f} s, of which build + encode {cpu_tok:.2f} s; median of {args.repeats}; vocab {rows[0]['vocab']}; "
+                      f"(until the first encode {until:.2f} s, CPU {cpu:.2f} s, of which build + encode {cpu_tok:.2f} s; median of {args.repeats}; vocab {rows[0]['vocab']}; backend {rows[0]['backend']}; "
                       f"transformers imported: {rows[0]['transformers']})", flush=True)
 
 

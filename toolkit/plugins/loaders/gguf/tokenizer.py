@@ -20,6 +20,8 @@ the wrapper.
 """
 from __future__ import annotations
 
+import logging
+import os
 import warnings
 
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, normalizers, pre_tokenizers
@@ -28,10 +30,13 @@ from tokenizers.models import BPE
 from .merge_pruning import applicable_merges
 from .merges import sentencepiece_merges
 from .metadata import Metadata
-from .pretokenizers import CONTROL_TEXTS, GPT2, LLAMA3, PLAIN_END_MARKERS, QWEN2, PreTokenizer, pre_tokenizer_for
+from .pretokenizers import GPT2, LLAMA3, QWEN2, PreTokenizer, pre_tokenizer_for
+from .spm_tokenizer import marked_tokens
 
 NORMAL, CONTROL, USER_DEFINED = 1, 3, 4  # llama.cpp token types
+SPM_ENV = "TOOLKIT_GGUF_SENTENCEPIECE"  # "0"/"off": SentencePiece vocabularies through `tokenizers` too
 SPACE = "\u2581"  # SentencePiece's visible space
+log = logging.getLogger(__name__)
 GEMMA_ARCHS = ("gemma", "gemma2", "gemma3")
 # kept for callers that name a split by its regex
 LLAMA3_SPLIT, QWEN2_SPLIT, GPT2_SPLIT = LLAMA3, QWEN2, GPT2
@@ -45,10 +50,33 @@ def build_tokenizer(metadata: Metadata):
         return None
     from .tokenizer_cache import cached_backend  # noqa: PLC0415 - avoids an import cycle
 
-    backend = cached_backend(metadata, build_backend)
+    def tokenizers_backend():
+        return cached_backend(metadata, build_backend)
+
+    if metadata.get("tokenizer.ggml.model", "llama") == "llama" and use_sentencepiece():
+        from .spm_tokenizer import build_spm  # noqa: PLC0415
+        from .tokenizer_cache import cached_spm  # noqa: PLC0415
+
+        spm = cached_spm(metadata, build_spm)
+        if spm is not None:  # the `tokenizers` backend is built only if transformers' wrapper is asked for
+            return _wrap(spm, metadata, tokenizers_backend)
+    backend = tokenizers_backend()
     if backend is None:
         return None
     return _wrap(backend, metadata)
+
+
+def use_sentencepiece() -> bool:
+    """Whether ``llama`` vocabularies go to ``sentencepiece`` (installed, and not turned off by
+    ``$TOOLKIT_GGUF_SENTENCEPIECE``); otherwise ``tokenizers`` encodes them, with the same ids."""
+    if os.environ.get(SPM_ENV, "").strip().lower() in ("0", "off", "no", "false"):
+        return False
+    from .spm_tokenizer import available  # noqa: PLC0415
+
+    if not available():
+        log.debug("sentencepiece is not installed: SentencePiece GGUF vocabularies load through `tokenizers`")
+        return False
+    return True
 
 
 def build_backend(metadata: Metadata) -> Tokenizer | None:
@@ -170,20 +198,16 @@ def _add_marked_tokens(backend: Tokenizer, tokens: list[str], metadata: Metadata
     """Control tokens become special added tokens, user-defined ones plain added tokens: both are
     matched whole in the text (llama-tokenize parses special tokens by default), never cut by BPE."""
     types = metadata.get("tokenizer.ggml.token_type") or [NORMAL] * len(tokens)
-    promoted = CONTROL_TEXTS
-    if "</s>" in tokens and any(marker in tokens for marker in PLAIN_END_MARKERS):
-        promoted = CONTROL_TEXTS - {"</s>"}
-    control = [AddedToken(t, normalized=False, special=True) for t, kind in zip(tokens, types)
-               if t and (kind == CONTROL or (t in promoted and kind != USER_DEFINED))]
-    user = [AddedToken(t, normalized=False, special=False) for t, kind in zip(tokens, types)
-            if kind == USER_DEFINED and t]
-    backend.add_special_tokens(control)
-    backend.add_tokens(user)
+    control, user = marked_tokens(tokens, types)
+    backend.add_special_tokens([AddedToken(tokens[i], normalized=False, special=True) for i in control])
+    backend.add_tokens([AddedToken(tokens[i], normalized=False, special=False) for i in user])
 
 
-def _wrap(backend: Tokenizer, metadata: Metadata):
+def _wrap(backend, metadata: Metadata, tokenizers_backend=None):
     """The file's special tokens, add-BOS/EOS rules and chat template around the backend (transformers'
-    wrapper only once something needs it: ``tokenizer_wrapper.py``)."""
+    wrapper only once something needs it: ``tokenizer_wrapper.py``). ``backend`` is a
+    ``tokenizers.Tokenizer`` or an ``SpmBackend``; for the latter, ``tokenizers_backend()`` builds the
+    ``tokenizers`` one that transformers' wrapper needs."""
     from .tokenizer_wrapper import GGUFTokenizer  # noqa: PLC0415
 
     size = backend.get_vocab_size(with_added_tokens=True)
@@ -210,4 +234,4 @@ def _wrap(backend: Tokenizer, metadata: Metadata):
     # the file's own label, for a GGUF writer to keep (the split alone cannot tell smollm from starcoder)
     return GGUFTokenizer(backend, specials=specials, add_bos_token=add_bos, add_eos_token=add_eos,
                          chat_template=metadata.get("tokenizer.chat_template"),
-                         gguf_pre=metadata.get("tokenizer.ggml.pre"))
+                         gguf_pre=metadata.get("tokenizer.ggml.pre"), tokenizers_backend=tokenizers_backend)

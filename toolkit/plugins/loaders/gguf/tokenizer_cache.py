@@ -16,6 +16,10 @@ An entry is written only for metadata that passed ``check_tokenizer_metadata``, 
 under a key says that those exact bytes passed the checks: ``checked_before`` lets the checks
 at open time be skipped on a hit (they decode and compare every token and merge: ~0.05-0.1 s
 for Gemma 3's 262k tokens, more for vocabularies with merges).
+
+SentencePiece vocabularies built for ``sentencepiece`` (``spm_tokenizer.py``) are kept under the
+same key as ``KEY.spm``: a magic line, a hash of the rest (a damaged entry is rebuilt, never read
+into wrong ids), then ``SpmBackend.to_bytes()`` (a small JSON header and the ModelProto).
 """
 from __future__ import annotations
 
@@ -26,13 +30,16 @@ import os
 import tempfile
 import warnings
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import tokenizers
 from tokenizers import Tokenizer
 
 from .cache_paths import ENV, cache_dir  # noqa: F401 - ENV is part of this module's interface
 from .metadata import Metadata
+
+if TYPE_CHECKING:
+    from .spm_tokenizer import SpmBackend
 
 # bump when the builder would produce a different tokenizer from the same metadata, or when the
 # checks (tokenizer_checks.py) would refuse metadata they accepted before
@@ -81,13 +88,19 @@ def entry_path(metadata: Metadata) -> Path | None:
     return None if folder is None else folder / f"{cache_key(metadata)}.json"
 
 
+def spm_entry_path(metadata: Metadata) -> Path | None:
+    """Where the ``sentencepiece`` entry for this metadata is (or would be) kept; None when caching is off."""
+    path = entry_path(metadata)
+    return None if path is None else path.with_suffix(".spm")
+
+
 def checked_before(metadata: Metadata) -> bool:
     """Whether the cache holds an entry for exactly this tokenizer metadata, which was therefore
-    checked when the entry was written (``cached_backend`` checks before it stores)."""
+    checked when the entry was written (``cached_backend`` and ``cached_spm`` check before they store)."""
     if "tokenizer.ggml.tokens" not in metadata:
         return False
     path = entry_path(metadata)
-    return path is not None and path.is_file()
+    return path is not None and (path.is_file() or path.with_suffix(".spm").is_file())
 
 
 def cached_backend(metadata: Metadata, build: Callable[[Metadata], Tokenizer | None]) -> Tokenizer | None:
@@ -112,6 +125,47 @@ def cached_backend(metadata: Metadata, build: Callable[[Metadata], Tokenizer | N
     return backend
 
 
+def cached_spm(metadata: Metadata, build: Callable[[Metadata], "SpmBackend | None"]) -> "SpmBackend | None":
+    """``build(metadata)`` (``spm_tokenizer.build_spm``), read from the cache when the same metadata
+    was built before; like ``cached_backend``, a miss checks the metadata before it builds and stores."""
+    from .spm_tokenizer import SpmBackend  # noqa: PLC0415 - imports sentencepiece
+
+    path = spm_entry_path(metadata)
+    if path is None:
+        return build(metadata)
+    if path.is_file():
+        try:
+            return SpmBackend.from_bytes(_spm_payload(path.read_bytes()))
+        except Exception as exc:  # noqa: BLE001 - a damaged entry is rebuilt (and replaced) below
+            warnings.warn(f"{metadata.file}: ignoring the unreadable cached tokenizer {path} "
+                          f"({type(exc).__name__}: {str(exc)[:200]}); rebuilding it", stacklevel=3)
+    from .tokenizer_checks import check_tokenizer_metadata  # noqa: PLC0415 - the checks import this module
+
+    check_tokenizer_metadata(metadata, trust_cache=False)
+    backend = build(metadata)
+    if backend is not None:
+        payload = backend.to_bytes()
+        _store(path, _SPM_MAGIC + _spm_digest(payload) + payload)
+    return backend
+
+
+_SPM_MAGIC = b"toolkit sentencepiece entry 1\n"
+
+
+def _spm_digest(payload: bytes) -> bytes:
+    return hashlib.blake2b(payload, digest_size=16).digest()
+
+
+def _spm_payload(entry: bytes) -> bytes:
+    """The payload of a ``.spm`` entry, after checking its magic and hash (ValueError if either is off)."""
+    if not entry.startswith(_SPM_MAGIC):
+        raise ValueError("not a toolkit sentencepiece entry")
+    digest, payload = entry[len(_SPM_MAGIC):len(_SPM_MAGIC) + 16], entry[len(_SPM_MAGIC) + 16:]
+    if _spm_digest(payload) != digest:
+        raise ValueError("its hash does not match its contents")
+    return payload
+
+
 def entry_text(backend: Tokenizer) -> str:
     """The tokenizer's JSON in the form ``tokenizers`` reads back fastest, same tokenizer.
 
@@ -133,15 +187,16 @@ def entry_text(backend: Tokenizer) -> str:
     return json.dumps(spec, ensure_ascii=False, separators=(",", ":"))
 
 
-def _store(path: Path, backend: Tokenizer) -> None:
+def _store(path: Path, backend: "Tokenizer | bytes") -> None:
     """Write atomically (a temporary file renamed into place; removed if anything fails): a cache
     that cannot be written only costs the next load its time, so nothing here fails the load."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         handle, partial = tempfile.mkstemp(dir=path.parent, prefix=path.stem, suffix=".partial")
         try:
-            with os.fdopen(handle, "w", encoding="utf-8") as out:
-                out.write(entry_text(backend))
+            data = backend if isinstance(backend, bytes) else entry_text(backend).encode("utf-8")
+            with os.fdopen(handle, "wb") as out:
+                out.write(data)
             os.replace(partial, path)
         finally:
             if os.path.exists(partial):

@@ -9,6 +9,11 @@ the ``tokenizers.Tokenizer`` directly, and builds the ``transformers.PreTrainedT
 ``save_pretrained``, ...). From then on every call and attribute goes to that wrapper, so a
 change made through it (a new pad token, say) is seen everywhere.
 
+The backend is a ``tokenizers.Tokenizer``, or, for SentencePiece vocabularies, an ``SpmBackend``
+(``spm_tokenizer.py``: ``sentencepiece`` underneath, same ids, far faster to load). transformers'
+wrapper needs a ``tokenizers.Tokenizer``: with an ``SpmBackend`` it is built (from the tokenizer
+cache) only when ``.hf`` or ``backend_tokenizer`` is first asked for.
+
 Both answer the same: the constructor makes the same changes to the backend that
 ``PreTrainedTokenizerFast.__init__`` makes (named special tokens missing from the added
 vocabulary are added as special tokens; the BOS/EOS template post-processor), and the wrapper
@@ -16,7 +21,7 @@ later adopts that backend as it is (tests/test_gguf_tokenizer_wrapper.py compare
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 from tokenizers import AddedToken, Tokenizer, processors
 
@@ -26,10 +31,14 @@ SPECIAL_NAMES = ("bos_token", "eos_token", "unk_token", "pad_token")
 class GGUFTokenizer:
     """A ``PreTrainedTokenizerFast`` look-alike whose transformers half is built on first need."""
 
-    def __init__(self, backend: Tokenizer, *, specials: dict[str, str | None], add_bos_token: bool,
-                 add_eos_token: bool, chat_template: str | None, gguf_pre: str | None):
+    def __init__(self, backend, *, specials: dict[str, str | None], add_bos_token: bool,
+                 add_eos_token: bool, chat_template: str | None, gguf_pre: str | None,
+                 tokenizers_backend: Callable[[], Tokenizer] | None = None):
         set_ = object.__setattr__
         set_(self, "_backend", backend)
+        # the ``tokenizers.Tokenizer`` transformers' wrapper needs: the backend itself, or built on first need
+        set_(self, "_tokenizers", backend if isinstance(backend, Tokenizer) else None)
+        set_(self, "_make_tokenizers", tokenizers_backend)
         set_(self, "_specials", dict(specials))
         # transformers drops a flag whose token is missing (update_post_processor)
         set_(self, "_add_bos", bool(add_bos_token) and specials.get("bos_token") is not None)
@@ -39,14 +48,20 @@ class GGUFTokenizer:
         # the file's own pre-tokenizer label, for a GGUF writer to keep
         set_(self, "_gguf_pre", gguf_pre)
         set_(self, "_hf", None)
-        _prepare(backend, self._specials, self._add_bos, self._add_eos)
+        if self._tokenizers is not None:
+            _prepare(backend, self._specials, self._add_bos, self._add_eos)
+        else:
+            backend.set_specials([t for name in SPECIAL_NAMES if (t := specials.get(name)) is not None],
+                                 specials.get("bos_token") if self._add_bos else None,
+                                 specials.get("eos_token") if self._add_eos else None)
 
     # ---- the transformers wrapper, built once -----------------------------------------------
     @property
     def hf(self):
         """The ``transformers.PreTrainedTokenizerFast`` over the same backend (imports transformers)."""
         if self._hf is None:
-            object.__setattr__(self, "_hf", _adopt(self._backend, self._specials, *self._flags, self._chat_template))
+            object.__setattr__(self, "_hf", _adopt(self._tokenizers_backend(), self._specials, *self._flags,
+                                                   self._chat_template))
             self._hf.gguf_pre = self._gguf_pre
         return self._hf
 
@@ -86,7 +101,16 @@ class GGUFTokenizer:
 
     @property
     def backend_tokenizer(self) -> Tokenizer:
-        return self._backend if self._hf is None else self._hf.backend_tokenizer
+        return self._tokenizers_backend() if self._hf is None else self._hf.backend_tokenizer
+
+    def _tokenizers_backend(self) -> Tokenizer:
+        """The ``tokenizers.Tokenizer`` (built now if the backend is an ``SpmBackend``), prepared as
+        ``PreTrainedTokenizerFast.__init__`` would."""
+        if self._tokenizers is None:
+            backend = self._make_tokenizers()
+            _prepare(backend, self._specials, self._add_bos, self._add_eos)
+            object.__setattr__(self, "_tokenizers", backend)
+        return self._tokenizers
 
     @property
     def gguf_pre(self) -> str | None:
