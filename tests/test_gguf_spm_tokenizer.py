@@ -191,3 +191,17 @@ def test_without_sentencepiece_installed(tmp_path, monkeypatch, cache):
     tokenizer = _tokenizer(path, monkeypatch)
     assert isinstance(tokenizer._backend, Tokenizer)
     assert [tokenizer.encode(t) for t in TEXTS] == REFERENCE["llama"]
+
+
+def test_pickle_and_deepcopy(tmp_path, monkeypatch, cache):
+    import copy
+    import pickle
+
+    path = write_gguf(tmp_path / "v.gguf", _marked_vocab(True), model="llama")
+    tokenizer = _tokenizer(path, monkeypatch)
+    for other in (pickle.loads(pickle.dumps(tokenizer)), copy.deepcopy(tokenizer)):
+        assert isinstance(other._backend, SpmBackend)
+        for text in TEXTS + SPECIAL_TEXTS:
+            ids = tokenizer.encode(text)
+            assert other.encode(text) == ids and other.decode(ids) == tokenizer.decode(ids)
+        assert other.backend_tokenizer.encode("<ctl>x").ids == tokenizer.encode("<ctl>x")

@@ -103,6 +103,16 @@ class GGUFTokenizer:
     def backend_tokenizer(self) -> Tokenizer:
         return self._tokenizers_backend() if self._hf is None else self._hf.backend_tokenizer
 
+    def __getstate__(self) -> dict:
+        """Pickled (or deep-copied) with its ``tokenizers`` backend built: the function that would
+        build it later holds the file's metadata, which does not pickle."""
+        state = dict(vars(self))
+        state["_tokenizers"], state["_make_tokenizers"] = self._tokenizers_backend(), None
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        vars(self).update(state)
+
     def _tokenizers_backend(self) -> Tokenizer:
         """The ``tokenizers.Tokenizer`` (built now if the backend is an ``SpmBackend``), prepared as
         ``PreTrainedTokenizerFast.__init__`` would."""
