@@ -205,3 +205,15 @@ def test_pickle_and_deepcopy(tmp_path, monkeypatch, cache):
             ids = tokenizer.encode(text)
             assert other.encode(text) == ids and other.decode(ids) == tokenizer.decode(ids)
         assert other.backend_tokenizer.encode("<ctl>x").ids == tokenizer.encode("<ctl>x")
+
+
+def test_a_model_sentencepiece_refuses_falls_back_with_a_warning(tmp_path, monkeypatch, cache):
+    def refuse(*args, **kwargs):
+        raise RuntimeError("refused")
+
+    monkeypatch.setattr(spm_tokenizer, "model_proto", refuse)
+    path = write_gguf(tmp_path / "v.gguf", _llama_vocab(), model="llama")
+    with pytest.warns(UserWarning, match="sentencepiece cannot load"):
+        tokenizer = _tokenizer(path, monkeypatch)
+    assert isinstance(tokenizer._backend, Tokenizer)
+    assert [tokenizer.encode(t) for t in TEXTS] == REFERENCE["llama"]

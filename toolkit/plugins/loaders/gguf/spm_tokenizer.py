@@ -30,6 +30,7 @@ import json
 import logging
 import re
 import struct
+import warnings
 from typing import Iterable
 
 from .metadata import Metadata
@@ -244,7 +245,12 @@ def build_spm(metadata: Metadata) -> SpmBackend | None:
     control, user = marked_tokens(tokens, types)
     header = {"prefix": bool(metadata.get("tokenizer.ggml.add_space_prefix", True)),
               "control": [[i, tokens[i]] for i in control], "user": [[i, tokens[i]] for i in user]}
-    return SpmBackend(header, model_proto(tokens, scores, spm_types(types, unknown)))
+    try:
+        return SpmBackend(header, model_proto(tokens, scores, spm_types(types, unknown)))
+    except Exception as exc:  # noqa: BLE001 - sentencepiece refused the model: tokenizers encodes it instead
+        warnings.warn(f"{metadata.file}: sentencepiece cannot load this vocabulary ({type(exc).__name__}: "
+                      f"{str(exc)[:200]}); tokenizing with `tokenizers` instead", stacklevel=4)
+        return None
 
 
 def _unknown_id(metadata: Metadata, types: list[int]) -> int | None:
