@@ -98,3 +98,73 @@ def test_int8_kernel_matches_bitsandbytes_dequantize(path):
     expected = x.float() @ int8_vectorwise_dequant(data, scb).T
     for split in (1, 2):
         _close(ops.int8_matmul(x, data, scb, ops.MatmulConfig(*config), split=split), expected, dtype)
+
+
+# ---- the token-unrolled GEMVs (triton_gemv_tokens) ------------------------------------------------
+# (tokens, activation dtype, config): 4 rows x 64 columns per program over 24 rows and 256 columns,
+# so several K steps, and K split in two as well.
+TOKEN_CASES = {"one": (1, torch.bfloat16), "three": (3, torch.float16), "sixteen": (16, torch.bfloat16)}
+
+
+def _fourbit_weight(seed: int, rows: int, quant_type: str, nested: bool, blocksize: int, cols: int = 256):
+    g = torch.Generator().manual_seed(seed)
+    packed, state = quantize_4bit(torch.randn(rows, cols, generator=g), blocksize=blocksize, quant_type=quant_type,
+                                  compress_statistics=nested)
+    assert state.nested == nested
+    return packed.view(-1), state
+
+
+@here
+@pytest.mark.parametrize("case", list(TOKEN_CASES))
+@pytest.mark.parametrize("lut", [16, 256])
+@pytest.mark.parametrize("quant_type,nested,blocksize", [("nf4", False, 64), ("nf4", True, 64), ("fp4", True, 32),
+                                                          ("fp4", False, 128)])
+def test_4bit_tokens_kernel_matches_bitsandbytes_dequantize(case, lut, quant_type, nested, blocksize):
+    tokens, dtype = TOKEN_CASES[case]
+    packed, state = _fourbit_weight(blocksize + nested, 24, quant_type, nested, blocksize)
+    x = torch.randn(tokens, 256, generator=torch.Generator().manual_seed(5)).to(dtype)
+    expected = x.float() @ dequantize_4bit(packed, state).float().T
+    for split in (1, 2):
+        config = ops.TokensConfig(bn=4, bk=64, num_warps=1, lut=lut)
+        got = ops.fourbit_tokens_matmul(x, packed, state, config, split=split)
+        _close(got, expected, dtype)
+
+
+def _gathered(parts):
+    """Segments quantized on their own, their statistics moved into shared buffers the way
+    ``Bnb4bitParameter.gather_statistics`` lays them out."""
+    from toolkit.plugins.quant.bnb.params4 import gather_states
+
+    states = [state for _, state in parts]
+    gather_states(states)
+    return torch.cat([packed for packed, _ in parts]), states
+
+
+@here
+@pytest.mark.parametrize("nested", [False, True])
+def test_4bit_tokens_kernel_runs_fused_segments_in_one_launch(nested):
+    """q/k/v-like segments of 24, 8 and 8 rows (one row tile straddles two segments at BN=16)."""
+    parts = [_fourbit_weight(seed, rows, "nf4", nested, 64) for seed, rows in ((1, 24), (2, 8), (3, 8))]
+    expected_weight = torch.cat([dequantize_4bit(packed, state) for packed, state in parts]).float()
+    packed, states = _gathered(parts)
+    assert ops.segments_gathered(states)
+    x = torch.randn(2, 256, generator=torch.Generator().manual_seed(9)).to(torch.bfloat16)
+    for lut in (16, 256):
+        got = ops.fourbit_tokens_matmul(x, packed, states, ops.TokensConfig(bn=16, bk=128, num_warps=1, lut=lut),
+                                        split=1)
+        _close(got, x.float() @ expected_weight.T, torch.bfloat16)
+
+
+@here
+@pytest.mark.parametrize("case", list(TOKEN_CASES))
+def test_int8_tokens_kernel_matches_bitsandbytes_dequantize(case):
+    tokens, dtype = TOKEN_CASES[case]
+    g = torch.Generator().manual_seed(11)
+    weight = torch.randn(24, 256, generator=g)
+    weight[:, 3] *= 40
+    data, scb, _ = int8_vectorwise_quant(weight.half())
+    x = torch.randn(tokens, 256, generator=g).to(dtype)
+    expected = x.float() @ int8_vectorwise_dequant(data, scb).T
+    for split in (1, 2):
+        got = ops.int8_tokens_matmul(x, data, scb, ops.TokensConfig(bn=4, bk=64, num_warps=1), split=split)
+        _close(got, expected, dtype)

@@ -21,7 +21,7 @@ from ..triton_support import lazy_ops
 SMALL_BATCH_MAX_TOKENS = 16
 
 
-TRITON_OPS = ("bnb_4bit_matmul", "bnb_int8_matmul")  # triton_ops.OPS
+TRITON_OPS = ("bnb_4bit_matmul", "bnb_4bit_matmul_segments", "bnb_int8_matmul")  # triton_ops.OPS
 
 
 def register_all(register) -> None:

@@ -12,6 +12,12 @@ kernels' measured ones came out (``kernels/gguf/triton_ops.py``): decode takes m
 2..16 tokens take ``tl.dot`` tiles of 16 tokens x 64 rows x 128 columns; K is split (``kernels/launch.py``) while there are
 fewer programs than SMs. ``bench/bench_bnb_kernels.py --sweep`` times alternatives on a GPU.
 
+The token-unrolled GEMVs (``triton_gemv_tokens``: each program reads its rows once for all 1..16
+tokens, one accumulator per token) take the calls their tables say (``FOURBIT_TOKENS_CONFIG``,
+``INT8_TOKENS_CONFIG``: up to how many tokens, with which launch); the first kernels keep the rest.
+``bnb_4bit_matmul_segments`` runs a fused projection's segments (q/k/v, gate/up) in one launch of
+the 4-bit GEMV when their statistics lie back to back (``Bnb4bitParameter.gather_statistics``).
+
 ``TOOLKIT_BNB_TRITON=0`` makes both decline (bitsandbytes runs everything; call
 ``runtime.invalidate()`` after changing it in a running process, as the runtime caches choices).
 """
@@ -24,7 +30,9 @@ import torch
 import triton
 
 from ..launch import split_k
+from ..triton_reduce import sum_splits
 from . import SMALL_BATCH_MAX_TOKENS
+from .triton_gemv_tokens import fourbit_tokens_kernel, int8_tokens_kernel
 from .triton_kernels import int8_matmul_kernel, nf4_matmul_kernel
 
 
@@ -45,8 +53,48 @@ SMALL_BATCH_CONFIG = MatmulConfig(bm=16, bn=64, bk=128)
 FOUR_BIT_TYPES = ("nf4", "fp4")
 
 
+@dataclass(frozen=True)
+class TokensConfig:
+    """A token-unrolled GEMV launch: ``bn`` rows per program, ``bk`` columns per step, ``split`` K
+    (None: automatic, while there are fewer programs than SMs); ``lut`` (4-bit): 16 for float32
+    codebook lookups per value, 256 for a byte table of float16 pairs (``triton_gemv_tokens``)."""
+    bn: int
+    bk: int
+    num_warps: int = 4
+    split: int | None = None
+    lut: int = 16
+    num_stages: int = 2
+
+
+# Launches by tokens, ((up to T, config), ...), the first holding T wins; T beyond the last entry is
+# left to the first kernels (``default_config``). Not measured yet: chosen from the compiled sm_90
+# code (no layout conversion or shared memory in the K loop; 1 FMA per weight and token) with
+# threads along a row's words and every thread holding all BN rows, so its activation loads serve
+# BN rows: 4 rows x 1024 columns x 4 warps (each thread: 1 word of 4 rows per step). 16 tokens keep
+# BN=4 for registers (16 accumulators of 4 each). ``bench/bench_bnb_kernels.py --sweep`` times
+# the alternatives (``TOKENS_SWEEP`` there) against bitsandbytes and the first kernels.
+TOKENS_1 = TokensConfig(bn=4, bk=1024)
+TOKENS_FEW = TokensConfig(bn=4, bk=1024)
+TOKENS_MANY = TokensConfig(bn=4, bk=1024)
+FOURBIT_TOKENS_CONFIG: tuple[tuple[int, TokensConfig], ...] = ((1, TOKENS_1), (4, TOKENS_FEW), (16, TOKENS_MANY))
+# int8: the first kernel's decode launch measured 6.4-14.1 us per TinyLlama matrix at T=1 (dense bf16
+# 5.6-12.2), its tl.dot launch 7.7-21.2 at T=8: the token-unrolled GEMV takes 2..16 tokens.
+INT8_TOKENS_MIN = 2
+INT8_TOKENS_CONFIG: tuple[tuple[int, TokensConfig], ...] = ((4, TokensConfig(bn=4, bk=1024)),
+                                                            (16, TokensConfig(bn=4, bk=1024)))
+
+
+def tokens_config(table, tokens: int) -> TokensConfig | None:
+    """The table's launch for ``tokens``, or None where the first kernels take it."""
+    return next((config for most, config in table if tokens <= most), None)
+
+
 def enabled() -> bool:
     return os.environ.get("TOOLKIT_BNB_TRITON", "1") != "0"
+
+
+# The 4-bit kernels' default: off (bitsandbytes runs 4-bit matmuls) until measured; True turns them on.
+FOURBIT_DEFAULT = False
 
 
 def fourbit_enabled() -> bool:
@@ -54,8 +102,9 @@ def fourbit_enabled() -> bool:
     TinyLlama shapes, CUDA graphs) it lost to bitsandbytes' own path at every shape, 6.7-19.6 against
     4.3-11.1 us at one token (bitsandbytes' gemv_4bit) and 14-92 against 12-44 us at eight
     (bitsandbytes' dequantize + cuBLAS); its per-code table lookups cost more than the bytes saved.
-    It stays correct and tested, for the next attempt (a 256-entry byte table, wider loads)."""
-    return os.environ.get("TOOLKIT_BNB_TRITON_4BIT", "0") == "1"
+    The token-unrolled GEMV (``triton_gemv_tokens``) is the next attempt; ``FOURBIT_DEFAULT`` turns
+    both on by default once measured, ``TOOLKIT_BNB_TRITON_4BIT=0|1`` overrides it."""
+    return os.environ.get("TOOLKIT_BNB_TRITON_4BIT", "1" if FOURBIT_DEFAULT else "0") == "1"
 
 
 def default_config(tokens: int) -> MatmulConfig:
@@ -137,7 +186,11 @@ def _activations_ok(x: torch.Tensor) -> bool:
 
 def bnb_4bit_matmul(x: torch.Tensor, packed: torch.Tensor, quant_state, bias: torch.Tensor | None = None):
     cols = x.shape[-1]
-    out = fourbit_matmul(x.reshape(-1, cols).contiguous(), packed, quant_state)
+    flat = x.reshape(-1, cols).contiguous()
+    if tokens_config(FOURBIT_TOKENS_CONFIG, flat.shape[0]) is not None:
+        out = fourbit_tokens_matmul(flat, packed, quant_state)
+    else:
+        out = fourbit_matmul(flat, packed, quant_state)
     out = out.reshape(*x.shape[:-1], out.shape[-1])
     return out if bias is None else out + bias
 
@@ -155,6 +208,142 @@ def _fourbit_supports(x, packed, quant_state, bias=None) -> bool:
 bnb_4bit_matmul.supports = _fourbit_supports
 
 
+# ---- 4-bit, token-unrolled (triton_gemv_tokens) -----------------------------------------------------
+MAX_SEGMENTS = 4  # fused projections the 4-bit GEMV takes in one launch (q/k/v: 3, gate/up: 2)
+_BYTE_TABLES: dict = {}  # (codebooks' address, segments, device) -> (codebooks, their byte table)
+
+
+def byte_table(codes: torch.Tensor) -> torch.Tensor:
+    """``codes [S, 16]`` float32 -> ``[S, 256]`` int32: byte ``b``'s two values as float16, the first
+    (high nibble, the earlier column) in the low half."""
+    byte = torch.arange(256, device=codes.device)
+    first = codes[:, byte >> 4].to(torch.float16).view(torch.int16).to(torch.int32) & 0xFFFF
+    second = codes[:, byte & 15].to(torch.float16).view(torch.int16).to(torch.int32)
+    return first | (second << 16)
+
+
+def _cached_byte_table(codes: torch.Tensor) -> torch.Tensor | None:
+    """The byte table of ``codes``, built once per codebook buffer: the cache holds the buffer, so its
+    address names it for good (codebooks never change after loading). None while a CUDA graph is
+    being captured and it was not built before (the caller reads the codebook instead)."""
+    key = (codes.data_ptr(), codes.shape[0], codes.device)
+    cached = _BYTE_TABLES.get(key)
+    if cached is not None:
+        return cached[1]
+    if codes.is_cuda and torch.cuda.is_current_stream_capturing():
+        return None
+    table = byte_table(codes)
+    _BYTE_TABLES[key] = (codes, table)
+    return table
+
+
+def _segment_codes(states, size: int, nested: bool) -> torch.Tensor:
+    """The ``[S, size]`` codebooks of the segments (``size`` 16, or 256 for ``nested``: the nested ones),
+    one buffer: the first segment's tensor and what follows it (``segments_gathered`` checked that)."""
+    first = states[0].state2.code if nested else states[0].code
+    return first.as_strided((len(states), size), (size, 1))
+
+
+def segments_gathered(states) -> bool:
+    """Whether one launch can read every segment: each statistic of segment ``i + 1`` right after
+    segment ``i``'s in one buffer (``Bnb4bitParameter.gather_statistics`` lays them out so), and the
+    segments alike (type, block sizes, double quantization, columns)."""
+    first = states[0]
+    if len(states) == 1:
+        return True
+    if len(states) > MAX_SEGMENTS:
+        return False
+
+    def follows(tensors) -> bool:
+        return all(b.untyped_storage().data_ptr() == a.untyped_storage().data_ptr()
+                   and b.data_ptr() == a.data_ptr() + a.numel() * a.element_size()
+                   for a, b in zip(tensors, tensors[1:]))
+
+    alike = all(s.quant_type == first.quant_type and int(s.blocksize) == int(first.blocksize)
+                and bool(s.nested) == bool(first.nested) and int(s.shape[1]) == int(first.shape[1])
+                for s in states)
+    if not alike or not follows([s.absmax for s in states]) or not follows([s.code for s in states]):
+        return False
+    if not first.nested:
+        return True
+    return (all(int(s.state2.blocksize) == int(first.state2.blocksize) for s in states)
+            and follows([s.state2.absmax for s in states]) and follows([s.state2.code for s in states])
+            and follows([s.offset.reshape(1) for s in states]))
+
+
+def _segment_args(states, cols: int) -> tuple[int, ...]:
+    """``R1..R3, A1..A3, B1..B3`` of ``fourbit_tokens_kernel`` (unused entries 0)."""
+    firsts, absmax2, row, inner = [], [], 0, 0
+    for state in states[:-1]:
+        row += int(state.shape[0])
+        firsts.append(row)
+        if state.nested:
+            inner += state.state2.absmax.numel()
+        absmax2.append(inner)
+    pad = [0] * (MAX_SEGMENTS - len(states))
+    blocks = [first * cols // int(states[0].blocksize) for first in firsts]
+    return (*firsts, *pad, *absmax2, *pad, *blocks, *pad)
+
+
+def fourbit_tokens_matmul(x: torch.Tensor, packed: torch.Tensor, states, config: TokensConfig | None = None,
+                          split: int | None = None) -> torch.Tensor:
+    """``x [T, K] @ W.T`` -> ``[T, N]`` in x's dtype for ``T <= 16`` with the token-unrolled 4-bit GEMV:
+    ``W`` is the segments of ``states`` (a QuantState or a list of them, ``segments_gathered``) stacked,
+    ``packed`` their bytes back to back (x contiguous)."""
+    states = [states] if not isinstance(states, (list, tuple)) else list(states)
+    tokens, cols = x.shape
+    rows = sum(int(state.shape[0]) for state in states)
+    config = config or tokens_config(FOURBIT_TOKENS_CONFIG, tokens) or TOKENS_MANY
+    first = states[0]
+    lut, codes = config.lut, _segment_codes(states, 16, False)
+    table = _cached_byte_table(codes) if lut == 256 else None
+    if table is None:
+        lut = 16
+    grid_n = triton.cdiv(rows, config.bn)
+    bk = _tile_width(cols, config.bk, 8)
+    split = split or config.split or split_k(grid_n, cols // bk, x.device)
+    bk = _tile_width(cols // split, bk, 8)
+    if first.nested:
+        nested = (_segment_codes(states, 256, True), first.state2.absmax, first.offset)
+        nb2 = int(first.state2.blocksize)
+    else:
+        nested, nb2 = (first.absmax, first.absmax, first.absmax), 1  # unread placeholders
+    out = torch.empty(split, tokens, rows, dtype=x.dtype if split == 1 else torch.float32, device=x.device)
+    fourbit_tokens_kernel[(grid_n, split)](
+        x, packed, first.absmax, codes if table is None else table, *nested, out, tokens, rows, cols,
+        cols // split, x.stride(0), *_segment_args(states, cols), BS=int(first.blocksize), NB2=nb2,
+        NESTED=bool(first.nested), NSEG=len(states), LUT=lut, BM=triton.next_power_of_2(tokens), BN=config.bn,
+        BK=bk, num_warps=config.num_warps, num_stages=config.num_stages)
+    return out[0] if split == 1 else sum_splits(out, x.dtype)
+
+
+def bnb_4bit_matmul_segments(x: torch.Tensor, packed: torch.Tensor, quant_states, bias: torch.Tensor | None = None):
+    """``x @ W.T (+ bias)`` for a fused projection in one launch: ``W`` the segments of ``quant_states``
+    stacked, ``packed`` their bytes back to back."""
+    cols = x.shape[-1]
+    flat = x.reshape(-1, cols).contiguous()
+    out = fourbit_tokens_matmul(flat, packed, quant_states)
+    out = out.reshape(*x.shape[:-1], out.shape[-1])
+    return out if bias is None else out + bias
+
+
+def _segments_supports(x, packed, quant_states, bias=None) -> bool:
+    if not (fourbit_enabled() and _activations_ok(x)) or not isinstance(quant_states, (list, tuple)):
+        return False
+    tokens = x.numel() // x.shape[-1]
+    if not quant_states or tokens_config(FOURBIT_TOKENS_CONFIG, tokens) is None:
+        return False
+    if not all(_fourbit_state_ok(state, x.device) for state in quant_states):
+        return False
+    rows = sum(int(state.shape[0]) for state in quant_states)
+    return (int(quant_states[0].shape[1]) == x.shape[-1] and segments_gathered(quant_states)
+            and packed.device == x.device and packed.dtype == torch.uint8 and packed.is_contiguous()
+            and packed.numel() * 2 == rows * x.shape[-1] and packed.data_ptr() % 4 == 0)
+
+
+bnb_4bit_matmul_segments.supports = _segments_supports
+
+
 # ---- int8 ----------------------------------------------------------------------------------------
 def int8_matmul(x: torch.Tensor, data: torch.Tensor, scb: torch.Tensor, config: MatmulConfig | None = None,
                 split: int | None = None) -> torch.Tensor:
@@ -166,12 +355,32 @@ def int8_matmul(x: torch.Tensor, data: torch.Tensor, scb: torch.Tensor, config: 
                    strides=(x.stride(0), data.stride(0)))
 
 
+def int8_tokens_matmul(x: torch.Tensor, data: torch.Tensor, scb: torch.Tensor, config: TokensConfig | None = None,
+                       split: int | None = None) -> torch.Tensor:
+    """``x [T, K] @ (data * scb / 127).T`` for ``T <= 16`` with the token-unrolled int8 GEMV."""
+    tokens, cols = x.shape
+    rows = data.shape[0]
+    config = config or tokens_config(INT8_TOKENS_CONFIG, tokens) or INT8_TOKENS_CONFIG[-1][1]
+    grid_n = triton.cdiv(rows, config.bn)
+    bk = _tile_width(cols, config.bk, 4)
+    split = split or config.split or split_k(grid_n, cols // bk, x.device)
+    bk = _tile_width(cols // split, bk, 4)
+    out = torch.empty(split, tokens, rows, dtype=x.dtype if split == 1 else torch.float32, device=x.device)
+    int8_tokens_kernel[(grid_n, split)](x, data, scb, out, tokens, rows, cols, cols // split, x.stride(0),
+                                        data.stride(0), BM=triton.next_power_of_2(tokens), BN=config.bn, BK=bk,
+                                        num_warps=config.num_warps, num_stages=config.num_stages)
+    return out[0] if split == 1 else sum_splits(out, x.dtype)
+
+
 def bnb_int8_matmul(x: torch.Tensor, data: torch.Tensor, scb: torch.Tensor, threshold: float,
                     bias: torch.Tensor | None = None):
     """Weight-only: every column is computed in float from the int8 weight, which is what LLM.int8
     does for its outlier columns; ``threshold`` (which columns bitsandbytes would treat so) is moot."""
     cols = x.shape[-1]
-    out = int8_matmul(x.reshape(-1, cols).contiguous(), data, scb)
+    flat = x.reshape(-1, cols).contiguous()
+    tokens = flat.shape[0]
+    config = tokens_config(INT8_TOKENS_CONFIG, tokens) if tokens >= INT8_TOKENS_MIN else None
+    out = int8_matmul(flat, data, scb) if config is None else int8_tokens_matmul(flat, data, scb, config)
     out = out.reshape(*x.shape[:-1], out.shape[-1])
     return out if bias is None else out + bias
 
@@ -188,4 +397,5 @@ def _int8_supports(x, data, scb, threshold, bias=None) -> bool:
 
 bnb_int8_matmul.supports = _int8_supports
 
-OPS = {"bnb_4bit_matmul": bnb_4bit_matmul, "bnb_int8_matmul": bnb_int8_matmul}
+OPS = {"bnb_4bit_matmul": bnb_4bit_matmul, "bnb_4bit_matmul_segments": bnb_4bit_matmul_segments,
+       "bnb_int8_matmul": bnb_int8_matmul}

@@ -30,6 +30,7 @@ class Bnb4bitParameter(SegmentedParameter):
         param.plan, param.options = layout, options
         param.quant_states = [None] * len(layout.segment_rows)
         param._stored_stats = {}  # segment -> stored statistics received so far (load_stored)
+        param.statistics_gathered = False  # gather_statistics() ran since the last quant state arrived
         return param
 
     @classmethod
@@ -55,6 +56,16 @@ class Bnb4bitParameter(SegmentedParameter):
         """``(packed bytes, QuantState)`` per segment, in output-row order."""
         return [(self.segment_bytes(i), state) for i, state in enumerate(self.quant_states)]
 
+    def gather_statistics(self) -> bool:
+        """Lay the segments' statistics back to back (``gather_states``) so one kernel launch reads every
+        segment of a fused projection; False where they cannot be (a segment missing or unlike the
+        others, or a CUDA graph being captured, which allows no new buffers to keep)."""
+        if not self.statistics_gathered and torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+            return False
+        if not self.statistics_gathered:
+            self.statistics_gathered = gather_states(self.quant_states)
+        return self.statistics_gathered
+
     def dequantized(self) -> torch.Tensor:
         """This rank's [rows, cols] weight in full precision (bitsandbytes' dequantize_4bit per segment)."""
         return torch.cat([dequantize_4bit(packed.view(-1, 1), state) for packed, state in self.segments()])
@@ -69,8 +80,9 @@ class Bnb4bitParameter(SegmentedParameter):
     def stored_state(self) -> dict[str, torch.Tensor]:
         state = {"": self.data}
         for i, quant_state in enumerate(self.quant_states):
-            if quant_state is not None:
-                state.update({f"segment{i}.{key}": value for key, value in quant_state.as_dict(packed=True).items()})
+            if quant_state is not None:  # gathered statistics are views of shared buffers: saved standalone
+                state.update({f"segment{i}.{key}": value.clone() if isinstance(value, torch.Tensor) else value
+                              for key, value in quant_state.as_dict(packed=True).items()})
         return state
 
     def load_stored(self, loaded, *, part: str = "") -> None:
@@ -151,6 +163,50 @@ class Bnb4bitParameter(SegmentedParameter):
             state.state2.absmax = state.state2.absmax.clone()
         state.to(self.data.device)
         self.quant_states[segment] = state
+        self.statistics_gathered = False
+
+
+def gather_states(states) -> bool:
+    """Move each statistic of the segments (absmax, codebook; with double quantization also the nested
+    absmax, nested codebook and offset) into one buffer, segment ``i + 1``'s right after segment ``i``'s,
+    each QuantState keeping a view of its own part (no copy stays behind). bitsandbytes reads the
+    views as before; ``bnb_4bit_matmul_segments`` then runs all segments in one launch. False (nothing
+    moved) where a segment is missing or the segments differ in type, block sizes or device."""
+    if len(states) < 2 or any(state is None for state in states):
+        return len(states) == 1 and states[0] is not None
+    first = states[0]
+
+    def same(get) -> bool:
+        return all(get(state) == get(first) for state in states)
+
+    if not (same(lambda s: s.quant_type) and same(lambda s: int(s.blocksize)) and same(lambda s: bool(s.nested))
+            and same(lambda s: (s.absmax.dtype, s.absmax.device, s.code.dtype))):
+        return False
+    if first.nested and not (same(lambda s: int(s.state2.blocksize))
+                             and same(lambda s: (s.state2.absmax.dtype, s.state2.code.dtype, s.offset.dtype))):
+        return False
+    for state, view in zip(states, _gathered([state.absmax for state in states])):
+        state.absmax = view
+    for state, view in zip(states, _gathered([state.code for state in states])):
+        state.code = view
+    if first.nested:
+        for state, view in zip(states, _gathered([state.state2.absmax for state in states])):
+            state.state2.absmax = view
+        for state, view in zip(states, _gathered([state.state2.code for state in states])):
+            state.state2.code = view
+        for state, view in zip(states, _gathered([torch.as_tensor(state.offset) for state in states])):
+            state.offset = view
+    return True
+
+
+def _gathered(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Views, of the tensors' shapes, into one new buffer holding them back to back."""
+    buffer = torch.cat([tensor.reshape(-1) for tensor in tensors])
+    views, start = [], 0
+    for tensor in tensors:
+        views.append(buffer[start: start + tensor.numel()].view(tensor.shape))
+        start += tensor.numel()
+    return views
 
 
 def _stored_part(part: str, prefix: str, num_segments: int) -> tuple[int, str]:
