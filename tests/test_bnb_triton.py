@@ -101,9 +101,15 @@ def test_int8_kernel_matches_bitsandbytes_dequantize(path):
 
 
 # ---- the token-unrolled GEMVs (triton_gemv_tokens) ------------------------------------------------
-# (tokens, activation dtype, config): 4 rows x 64 columns per program over 24 rows and 256 columns,
-# so several K steps, and K split in two as well.
-TOKEN_CASES = {"one": (1, torch.bfloat16), "three": (3, torch.float16), "sixteen": (16, torch.bfloat16)}
+# Programs of 8 rows x 64 columns over 24 rows and 256 columns (several K steps; with split=2 float32
+# partial sums over halves of K). Each case: (tokens, activation dtype, quant type, nested, block
+# size, lookup table, splits); the interpreter runs every token's code in numpy, so 16 tokens once.
+FOURBIT_TOKEN_CASES = [
+    (1, torch.bfloat16, "nf4", False, 64, 16, (1, 2)), (1, torch.bfloat16, "fp4", True, 32, 256, (1,)),
+    (3, torch.float16, "nf4", False, 64, 16, (1, 2)), (3, torch.bfloat16, "nf4", True, 64, 16, (1, 2)),
+    (3, torch.bfloat16, "fp4", False, 128, 16, (1,)), (3, torch.bfloat16, "fp4", True, 32, 16, (1,)),
+    (3, torch.bfloat16, "nf4", False, 64, 256, (1, 2)), (3, torch.float16, "nf4", True, 64, 256, (1,)),
+    (16, torch.bfloat16, "nf4", True, 64, 16, (1,))]
 
 
 def _fourbit_weight(seed: int, rows: int, quant_type: str, nested: bool, blocksize: int, cols: int = 256):
@@ -115,18 +121,15 @@ def _fourbit_weight(seed: int, rows: int, quant_type: str, nested: bool, blocksi
 
 
 @here
-@pytest.mark.parametrize("case", list(TOKEN_CASES))
-@pytest.mark.parametrize("lut", [16, 256])
-@pytest.mark.parametrize("quant_type,nested,blocksize", [("nf4", False, 64), ("nf4", True, 64), ("fp4", True, 32),
-                                                          ("fp4", False, 128)])
-def test_4bit_tokens_kernel_matches_bitsandbytes_dequantize(case, lut, quant_type, nested, blocksize):
-    tokens, dtype = TOKEN_CASES[case]
+@pytest.mark.parametrize("case", FOURBIT_TOKEN_CASES, ids=lambda c: f"T{c[0]}-{c[2]}-nested{c[3]}-bs{c[4]}-lut{c[5]}")
+def test_4bit_tokens_kernel_matches_bitsandbytes_dequantize(case):
+    tokens, dtype, quant_type, nested, blocksize, lut, splits = case
     packed, state = _fourbit_weight(blocksize + nested, 24, quant_type, nested, blocksize)
     x = torch.randn(tokens, 256, generator=torch.Generator().manual_seed(5)).to(dtype)
     expected = x.float() @ dequantize_4bit(packed, state).float().T
-    for split in (1, 2):
-        config = ops.TokensConfig(bn=4, bk=64, num_warps=1, lut=lut)
-        got = ops.fourbit_tokens_matmul(x, packed, state, config, split=split)
+    for split in splits:
+        got = ops.fourbit_tokens_matmul(x, packed, state, ops.TokensConfig(bn=8, bk=64, num_warps=1, lut=lut),
+                                        split=split)
         _close(got, expected, dtype)
 
 
@@ -156,9 +159,8 @@ def test_4bit_tokens_kernel_runs_fused_segments_in_one_launch(nested):
 
 
 @here
-@pytest.mark.parametrize("case", list(TOKEN_CASES))
-def test_int8_tokens_kernel_matches_bitsandbytes_dequantize(case):
-    tokens, dtype = TOKEN_CASES[case]
+@pytest.mark.parametrize("tokens,dtype", [(1, torch.bfloat16), (3, torch.float16), (16, torch.bfloat16)])
+def test_int8_tokens_kernel_matches_bitsandbytes_dequantize(tokens, dtype):
     g = torch.Generator().manual_seed(11)
     weight = torch.randn(24, 256, generator=g)
     weight[:, 3] *= 40
@@ -166,5 +168,5 @@ def test_int8_tokens_kernel_matches_bitsandbytes_dequantize(case):
     x = torch.randn(tokens, 256, generator=g).to(dtype)
     expected = x.float() @ int8_vectorwise_dequant(data, scb).T
     for split in (1, 2):
-        got = ops.int8_tokens_matmul(x, data, scb, ops.TokensConfig(bn=4, bk=64, num_warps=1), split=split)
+        got = ops.int8_tokens_matmul(x, data, scb, ops.TokensConfig(bn=8, bk=64, num_warps=1), split=split)
         _close(got, expected, dtype)

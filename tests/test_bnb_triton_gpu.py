@@ -105,3 +105,93 @@ def test_kernels_are_captured_in_a_cuda_graph(kind):
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(out, eager)
+
+
+# ---- the token-unrolled GEMVs (triton_gemv_tokens) ------------------------------------------------
+ALL_TOKENS = (1, 2, 3, 4, 8, 16)
+
+
+@pytest.mark.parametrize("lut", [16, 256])
+@pytest.mark.parametrize("quant_type,nested", [("nf4", False), ("nf4", True), ("fp4", False), ("fp4", True)])
+def test_4bit_tokens_kernel_matches_bitsandbytes(quant_type, nested, lut):
+    g = torch.Generator(device="cuda").manual_seed(2)
+    weight = torch.randn(ROWS, COLS, device="cuda", generator=g, dtype=torch.bfloat16)
+    packed, state = bnb_functional.quantize_4bit(weight, blocksize=64, quant_type=quant_type,
+                                                 compress_statistics=nested)
+    dense = bnb_functional.dequantize_4bit(packed, state).float()
+    for tokens in ALL_TOKENS:
+        x = torch.randn(tokens, COLS, device="cuda", generator=g, dtype=torch.bfloat16)
+        for split in (None, 1):  # automatic (K split across SMs at 320 rows) and none
+            config = ops.TokensConfig(bn=4, bk=1024, lut=lut)
+            _close(ops.fourbit_tokens_matmul(x, packed.view(-1), state, config, split=split), x.float() @ dense.T)
+
+
+def _fused_segments(nested: bool, rows=(256, 64, 64)):
+    """q/k/v-like segments quantized on their own, statistics gathered as the bnb scheme lays them out."""
+    from toolkit.plugins.quant.bnb.params4 import gather_states
+    g = torch.Generator(device="cuda").manual_seed(3)
+    parts = [bnb_functional.quantize_4bit(torch.randn(n, COLS, device="cuda", generator=g, dtype=torch.bfloat16),
+                                          quant_type="nf4", compress_statistics=nested) for n in rows]
+    dense = torch.cat([bnb_functional.dequantize_4bit(p, s) for p, s in parts]).float()
+    states = [state for _, state in parts]
+    assert gather_states(states)
+    regathered = torch.cat([bnb_functional.dequantize_4bit(p, s) for p, s in parts]).float()
+    assert torch.equal(regathered, dense)  # bitsandbytes reads the gathered views as before
+    return torch.cat([p.view(-1) for p, _ in parts]), states, dense
+
+
+@pytest.mark.parametrize("nested", [False, True])
+def test_4bit_fused_segments_run_in_one_launch(nested):
+    packed, states, dense = _fused_segments(nested, rows=(200, 60, 60))  # row tiles straddle segments
+    for tokens in ALL_TOKENS:
+        x = torch.randn(tokens, COLS, device="cuda", dtype=torch.bfloat16)
+        args = (x, packed, states, None)
+        assert runtime.resolve("bnb_4bit_matmul_segments", *args) is ops.bnb_4bit_matmul_segments
+        _close(runtime.call("bnb_4bit_matmul_segments", *args), x.float() @ dense.T)
+        for lut in (16, 256):
+            _close(ops.fourbit_tokens_matmul(x, packed, states, ops.TokensConfig(bn=8, bk=512, lut=lut)),
+                   x.float() @ dense.T)
+
+
+def test_4bit_segments_not_gathered_go_one_by_one():
+    g = torch.Generator(device="cuda").manual_seed(4)
+    parts = [bnb_functional.quantize_4bit(torch.randn(64, COLS, device="cuda", generator=g, dtype=torch.bfloat16),
+                                          quant_type="nf4") for _ in range(2)]
+    x = torch.randn(2, COLS, device="cuda", dtype=torch.bfloat16)
+    args = (x, torch.cat([p.view(-1) for p, _ in parts]), [s for _, s in parts], None)
+    assert runtime.resolve("bnb_4bit_matmul_segments", *args) is not ops.bnb_4bit_matmul_segments
+    dense = torch.cat([bnb_functional.dequantize_4bit(p, s) for p, s in parts]).float()
+    _close(runtime.call("bnb_4bit_matmul_segments", *args), x.float() @ dense.T)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_int8_tokens_kernel_matches_bitsandbytes(dtype):
+    g = torch.Generator(device="cuda").manual_seed(5)
+    weight = torch.randn(ROWS, COLS, device="cuda", generator=g, dtype=torch.float16)
+    weight[:, 9] *= 50
+    data, scb, _ = bnb_functional.int8_vectorwise_quant(weight)
+    dense = bnb_functional.int8_vectorwise_dequant(data, scb).float()
+    for tokens in ALL_TOKENS:
+        x = torch.randn(tokens, COLS, device="cuda", generator=g, dtype=dtype)
+        for split in (None, 1):
+            _close(ops.int8_tokens_matmul(x, data, scb, ops.TokensConfig(bn=4, bk=1024), split=split),
+                   x.float() @ dense.T)
+
+
+@pytest.mark.parametrize("lut", [16, 256])
+def test_fused_segments_are_captured_in_a_cuda_graph(lut, monkeypatch):
+    packed, states, _ = _fused_segments(True)
+    config = ops.TokensConfig(bn=4, bk=1024, lut=lut)
+    monkeypatch.setattr(ops, "FOURBIT_TOKENS_CONFIG", ((16, config),))
+    x = torch.randn(8, COLS, device="cuda", dtype=torch.bfloat16)
+    args = (x, packed, states, None)
+    runtime.call("bnb_4bit_matmul_segments", *args)  # builds the byte table before capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = runtime.call("bnb_4bit_matmul_segments", *args)
+    x.copy_(torch.randn_like(x))
+    eager = runtime.call("bnb_4bit_matmul_segments", *args)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, eager)

@@ -40,6 +40,21 @@ def bnb_4bit_matmul(x: torch.Tensor, packed: torch.Tensor, quant_state, bias: to
     return bnb.matmul_4bit(x, packed.view(-1, 1), quant_state=quant_state, bias=bias)
 
 
+def bnb_4bit_matmul_segments(x: torch.Tensor, packed: torch.Tensor, quant_states, bias: torch.Tensor | None = None):
+    """``x @ W.T + bias`` for a fused projection: ``W`` the segments of ``quant_states`` stacked, ``packed``
+    their bytes back to back; one ``bnb_4bit_matmul`` per segment, concatenated. (A CUDA kernel taking
+    every segment in one launch registers above this one.)"""
+    from toolkit.kernels import runtime  # noqa: PLC0415
+
+    outs, start = [], 0
+    for state in quant_states:
+        size = int(state.shape[0]) * int(state.shape[1]) // 2
+        outs.append(runtime.call("bnb_4bit_matmul", x, packed[start: start + size], state, None))
+        start += size
+    out = torch.cat(outs, -1)
+    return out if bias is None else out + bias
+
+
 def bnb_int8_matmul(x: torch.Tensor, data: torch.Tensor, scb: torch.Tensor, threshold: float,
                     bias: torch.Tensor | None = None):
     """LLM.int8 ``x @ (data * scb / 127).T + bias``, outlier columns above ``threshold`` in 16-bit."""
@@ -54,4 +69,5 @@ def bnb_int8_matmul(x: torch.Tensor, data: torch.Tensor, scb: torch.Tensor, thre
 
 def register_ops(register) -> None:
     register("bnb_4bit_matmul", bnb_4bit_matmul, device="any")
+    register("bnb_4bit_matmul_segments", bnb_4bit_matmul_segments, device="any")
     register("bnb_int8_matmul", bnb_int8_matmul, device="any")

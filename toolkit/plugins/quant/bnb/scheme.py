@@ -87,6 +87,8 @@ class Bnb4bitScheme(_BnbScheme):
     def process_after_loading(self, layer: nn.Module) -> None:
         if hasattr(layer, "expert_shard_ids"):  # a MoE layer: its dense experts are quantized now
             experts.quantize_experts(layer, self.options)
+        elif len(layer.weight.quant_states) > 1:  # a fused projection: statistics back to back
+            layer.weight.gather_statistics()
 
     @property
     def name(self) -> str:
@@ -94,11 +96,14 @@ class Bnb4bitScheme(_BnbScheme):
 
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         x = x.to(self.params_dtype)
-        segments = layer.weight.segments()
-        if len(segments) == 1:
-            return runtime.call("bnb_4bit_matmul", x, *segments[0], bias)
-        out = torch.cat([runtime.call("bnb_4bit_matmul", x, packed, state, None) for packed, state in segments], -1)
-        return out if bias is None else out + bias
+        weight = layer.weight
+        if len(weight.quant_states) == 1:
+            return runtime.call("bnb_4bit_matmul", x, weight.data, weight.quant_states[0], bias)
+        # a fused projection (q/k/v, gate/up): one op over all segments, which a kernel can run in one
+        # launch once their statistics lie back to back (a model restored from a stored state skipped
+        # process_after_loading: gathered here on its first call)
+        weight.gather_statistics()
+        return runtime.call("bnb_4bit_matmul_segments", x, weight.data, weight.quant_states, bias)
 
     def hf_quantization_config(self) -> dict:
         """``quantization_config`` for a checkpoint of this model that transformers loads."""
