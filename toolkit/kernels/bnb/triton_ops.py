@@ -68,20 +68,22 @@ class TokensConfig:
 
 # Launches by tokens, ((up to T, config), ...), the first holding T wins; T beyond the last entry is
 # left to the first kernels (``default_config``). Not measured yet: chosen from the compiled sm_90
-# code (no layout conversion or shared memory in the K loop; 1 FMA per weight and token) with
-# threads along a row's words and every thread holding all BN rows, so its activation loads serve
-# BN rows: 4 rows x 1024 columns x 4 warps (each thread: 1 word of 4 rows per step). 16 tokens keep
-# BN=4 for registers (16 accumulators of 4 each). ``bench/bench_bnb_kernels.py --sweep`` times
-# the alternatives (``TOKENS_SWEEP`` there) against bitsandbytes and the first kernels.
+# code (ptxas via triton.compile on a CPU): no layout conversion or shared memory in the K loop, one
+# FMA per weight and token, threads along a row's words with every thread holding all BN rows (one
+# activation load serves BN rows). 4 rows x 1024 columns x 4 warps give each thread one word of 4 rows
+# per step: 32 registers at T=1, 128 at T=8; at T=16 that reaches 254 (2 programs per SM), so 9-16
+# tokens take 2 rows (72 registers). int8 words hold 4 values: 512 columns give each thread one word
+# per row; 2 rows above 4 tokens for the same reason. ``bench/bench_bnb_kernels.py --sweep`` times the
+# alternatives (``TOKENS_SWEEP`` there) against bitsandbytes, the first kernels and dense bf16.
 TOKENS_1 = TokensConfig(bn=4, bk=1024)
 TOKENS_FEW = TokensConfig(bn=4, bk=1024)
-TOKENS_MANY = TokensConfig(bn=4, bk=1024)
-FOURBIT_TOKENS_CONFIG: tuple[tuple[int, TokensConfig], ...] = ((1, TOKENS_1), (4, TOKENS_FEW), (16, TOKENS_MANY))
+TOKENS_MANY = TokensConfig(bn=2, bk=1024)
+FOURBIT_TOKENS_CONFIG: tuple[tuple[int, TokensConfig], ...] = ((1, TOKENS_1), (8, TOKENS_FEW), (16, TOKENS_MANY))
 # int8: the first kernel's decode launch measured 6.4-14.1 us per TinyLlama matrix at T=1 (dense bf16
 # 5.6-12.2), its tl.dot launch 7.7-21.2 at T=8: the token-unrolled GEMV takes 2..16 tokens.
 INT8_TOKENS_MIN = 2
-INT8_TOKENS_CONFIG: tuple[tuple[int, TokensConfig], ...] = ((4, TokensConfig(bn=4, bk=1024)),
-                                                            (16, TokensConfig(bn=4, bk=1024)))
+INT8_TOKENS_CONFIG: tuple[tuple[int, TokensConfig], ...] = ((4, TokensConfig(bn=4, bk=512)),
+                                                            (16, TokensConfig(bn=2, bk=512)))
 
 
 def tokens_config(table, tokens: int) -> TokensConfig | None:
