@@ -19,20 +19,27 @@ FMA_CONFIG = ops.MatmulConfig(8, 4, 256, dot=False)
 
 @pytest.fixture(autouse=True)
 def fourbit_kernel_on(monkeypatch):
-    """The 4-bit kernel is opt-in (slower than bitsandbytes on an H100): switched on for these tests."""
+    """The 4-bit kernels take every small batch for these tests (by default only one-token calls)."""
     monkeypatch.setenv("TOOLKIT_BNB_TRITON_4BIT", "1")
     runtime.invalidate()
     yield
     runtime.invalidate()
 
 
-def test_4bit_kernel_is_off_by_default(monkeypatch):
+def test_4bit_kernel_takes_only_one_token_calls_by_default(monkeypatch):
+    """Unset, the 4-bit kernels take one-token calls only (measured faster than bitsandbytes there, slower at
+    8 tokens: FOURBIT_DEFAULT_MAX_TOKENS); ``=0`` turns them off."""
     monkeypatch.delenv("TOOLKIT_BNB_TRITON_4BIT")
     runtime.invalidate()
     weight = torch.randn(ROWS, COLS, device="cuda", dtype=torch.bfloat16)
     packed, state = bnb_functional.quantize_4bit(weight, quant_type="nf4")
-    x = torch.randn(1, COLS, device="cuda", dtype=torch.bfloat16)
-    assert runtime.resolve("bnb_4bit_matmul", x, packed.view(-1), state, None) is not ops.bnb_4bit_matmul
+    one = torch.randn(1, COLS, device="cuda", dtype=torch.bfloat16)
+    eight = torch.randn(8, COLS, device="cuda", dtype=torch.bfloat16)
+    assert runtime.resolve("bnb_4bit_matmul", one, packed.view(-1), state, None) is ops.bnb_4bit_matmul
+    assert runtime.resolve("bnb_4bit_matmul", eight, packed.view(-1), state, None) is not ops.bnb_4bit_matmul
+    monkeypatch.setenv("TOOLKIT_BNB_TRITON_4BIT", "0")
+    runtime.invalidate()
+    assert runtime.resolve("bnb_4bit_matmul", one, packed.view(-1), state, None) is not ops.bnb_4bit_matmul
 
 
 def _close(got: torch.Tensor, expected: torch.Tensor) -> None:

@@ -79,9 +79,12 @@ TOKENS_1 = TokensConfig(bn=4, bk=1024)
 TOKENS_FEW = TokensConfig(bn=4, bk=1024)
 TOKENS_MANY = TokensConfig(bn=2, bk=1024)
 FOURBIT_TOKENS_CONFIG: tuple[tuple[int, TokensConfig], ...] = ((1, TOKENS_1), (8, TOKENS_FEW), (16, TOKENS_MANY))
-# int8: the first kernel's decode launch measured 6.4-14.1 us per TinyLlama matrix at T=1 (dense bf16
-# 5.6-12.2), its tl.dot launch 7.7-21.2 at T=8: the token-unrolled GEMV takes 2..16 tokens.
-INT8_TOKENS_MIN = 2
+# int8: the token-unrolled GEMV lost to the first kernels at 8 tokens on an H100 (bench/bench_bnb_kernels.py
+# --tokens 1,8, TinyLlama shapes, session 6, us new / first: q/k/v 15.7 / 17.1, 2048x2048 13.6 / 12.7,
+# gate/up 53.7 / 27.3, down 28.9 / 21.9) and the engine's batch-8 TPOT rose from 1.39-1.53x dense to
+# 1.67-1.77x with it, so it takes no call by default (INT8_TOKENS_MIN above SMALL_BATCH_MAX_TOKENS); lower
+# it to try the kernel (its tests call it directly).
+INT8_TOKENS_MIN = SMALL_BATCH_MAX_TOKENS + 1
 INT8_TOKENS_CONFIG: tuple[tuple[int, TokensConfig], ...] = ((4, TokensConfig(bn=4, bk=512)),
                                                             (16, TokensConfig(bn=2, bk=512)))
 
@@ -95,18 +98,27 @@ def enabled() -> bool:
     return os.environ.get("TOOLKIT_BNB_TRITON", "1") != "0"
 
 
-# The 4-bit kernels' default: off (bitsandbytes runs 4-bit matmuls) until measured; True turns them on.
-FOURBIT_DEFAULT = False
+# The 4-bit kernels' default (``TOOLKIT_BNB_TRITON_4BIT`` unset): the token-unrolled GEMV for one-token calls
+# only. On an H100 (bench/bench_bnb_kernels.py --tokens 1,8, TinyLlama shapes, CUDA graphs, session 6), us
+# new / bitsandbytes: T=1 q/k/v in one launch 6.3 / 15.0, 2048x2048 5.9 / 6.4, gate/up 20.1 / 19.3, down
+# 17.1 / 12.4 (49.4 / 53.1 in all), and the engine's NF4 batch-1 TPOT was 0.97x dense bf16 (1.62 / 1.67 ms;
+# bitsandbytes' path measured 1.21x in session 4). At T=8 it lost where K is long (down: 96.4 / 22.8; all four:
+# 182 / 166), and batch 8 went 2.60x dense, so 2-16 tokens stay with bitsandbytes by default.
+FOURBIT_DEFAULT_MAX_TOKENS = 1
 
 
 def fourbit_enabled() -> bool:
-    """The 4-bit kernel is opt-in (``TOOLKIT_BNB_TRITON_4BIT=1``): on an H100 (bench_bnb_kernels.py,
-    TinyLlama shapes, CUDA graphs) it lost to bitsandbytes' own path at every shape, 6.7-19.6 against
-    4.3-11.1 us at one token (bitsandbytes' gemv_4bit) and 14-92 against 12-44 us at eight
-    (bitsandbytes' dequantize + cuBLAS); its per-code table lookups cost more than the bytes saved.
-    The token-unrolled GEMV (``triton_gemv_tokens``) is the next attempt; ``FOURBIT_DEFAULT`` turns
-    both on by default once measured, ``TOOLKIT_BNB_TRITON_4BIT=0|1`` overrides it."""
-    return os.environ.get("TOOLKIT_BNB_TRITON_4BIT", "1" if FOURBIT_DEFAULT else "0") == "1"
+    """Whether the Triton 4-bit kernels may run at all: on unless ``TOOLKIT_BNB_TRITON_4BIT=0``."""
+    return os.environ.get("TOOLKIT_BNB_TRITON_4BIT", "") != "0"
+
+
+def fourbit_max_tokens() -> int:
+    """The most tokens a 4-bit call sends to the Triton kernels: ``FOURBIT_DEFAULT_MAX_TOKENS`` by default,
+    every small batch (1..SMALL_BATCH_MAX_TOKENS) with ``TOOLKIT_BNB_TRITON_4BIT=1``, none with ``=0``."""
+    setting = os.environ.get("TOOLKIT_BNB_TRITON_4BIT", "")
+    if setting == "0":
+        return 0
+    return SMALL_BATCH_MAX_TOKENS if setting == "1" else FOURBIT_DEFAULT_MAX_TOKENS
 
 
 def default_config(tokens: int) -> MatmulConfig:
@@ -198,7 +210,7 @@ def bnb_4bit_matmul(x: torch.Tensor, packed: torch.Tensor, quant_state, bias: to
 
 
 def _fourbit_supports(x, packed, quant_state, bias=None) -> bool:
-    if not (fourbit_enabled() and _activations_ok(x)):
+    if not (_activations_ok(x) and x.numel() // x.shape[-1] <= fourbit_max_tokens()):
         return False
     if not _fourbit_state_ok(quant_state, x.device) or int(quant_state.shape[1]) != x.shape[-1]:
         return False
@@ -330,10 +342,10 @@ def bnb_4bit_matmul_segments(x: torch.Tensor, packed: torch.Tensor, quant_states
 
 
 def _segments_supports(x, packed, quant_states, bias=None) -> bool:
-    if not (fourbit_enabled() and _activations_ok(x)) or not isinstance(quant_states, (list, tuple)):
+    if not _activations_ok(x) or not isinstance(quant_states, (list, tuple)):
         return False
     tokens = x.numel() // x.shape[-1]
-    if not quant_states or tokens_config(FOURBIT_TOKENS_CONFIG, tokens) is None:
+    if tokens > fourbit_max_tokens() or not quant_states or tokens_config(FOURBIT_TOKENS_CONFIG, tokens) is None:
         return False
     if not all(_fourbit_state_ok(state, x.device) for state in quant_states):
         return False
