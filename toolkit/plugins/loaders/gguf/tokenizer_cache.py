@@ -107,22 +107,7 @@ def cached_backend(metadata: Metadata, build: Callable[[Metadata], Tokenizer | N
     """``build(metadata)``, read from the cache when the same metadata was built before. A miss
     runs ``check_tokenizer_metadata`` before building (the checks at open time may have been
     skipped for an entry that turned out unreadable), so every stored entry was checked."""
-    path = entry_path(metadata)
-    if path is None:
-        return build(metadata)
-    if path.is_file():
-        try:
-            return Tokenizer.from_file(str(path))
-        except Exception as exc:  # noqa: BLE001 - a damaged entry is rebuilt (and replaced) below
-            warnings.warn(f"{metadata.file}: ignoring the unreadable cached tokenizer {path} "
-                          f"({type(exc).__name__}: {str(exc)[:200]}); rebuilding it", stacklevel=3)
-    from .tokenizer_checks import check_tokenizer_metadata  # noqa: PLC0415 - the checks import this module
-
-    check_tokenizer_metadata(metadata, trust_cache=False)
-    backend = build(metadata)
-    if backend is not None:
-        _store(path, backend)
-    return backend
+    return _through_cache(metadata, entry_path(metadata), lambda path: Tokenizer.from_file(str(path)), build, _store)
 
 
 def cached_spm(metadata: Metadata, build: Callable[[Metadata], "SpmBackend | None"]) -> "SpmBackend | None":
@@ -130,22 +115,31 @@ def cached_spm(metadata: Metadata, build: Callable[[Metadata], "SpmBackend | Non
     was built before; like ``cached_backend``, a miss checks the metadata before it builds and stores."""
     from .spm_tokenizer import SpmBackend  # noqa: PLC0415 - imports sentencepiece
 
-    path = spm_entry_path(metadata)
+    def store(path: Path, backend: SpmBackend) -> None:
+        payload = backend.to_bytes()
+        _store(path, _SPM_MAGIC + _spm_digest(payload) + payload)
+
+    return _through_cache(metadata, spm_entry_path(metadata),
+                          lambda path: SpmBackend.from_bytes(_spm_payload(path.read_bytes())), build, store)
+
+
+def _through_cache(metadata: Metadata, path: Path | None, read, build, store):
+    """The entry at ``path`` read back, or (absent or unreadable: warned) ``build(metadata)`` after the metadata
+    checks, stored there; ``path`` None: no cache, just ``build``."""
     if path is None:
         return build(metadata)
     if path.is_file():
         try:
-            return SpmBackend.from_bytes(_spm_payload(path.read_bytes()))
+            return read(path)
         except Exception as exc:  # noqa: BLE001 - a damaged entry is rebuilt (and replaced) below
             warnings.warn(f"{metadata.file}: ignoring the unreadable cached tokenizer {path} "
-                          f"({type(exc).__name__}: {str(exc)[:200]}); rebuilding it", stacklevel=3)
+                          f"({type(exc).__name__}: {str(exc)[:200]}); rebuilding it", stacklevel=4)
     from .tokenizer_checks import check_tokenizer_metadata  # noqa: PLC0415 - the checks import this module
 
     check_tokenizer_metadata(metadata, trust_cache=False)
     backend = build(metadata)
     if backend is not None:
-        payload = backend.to_bytes()
-        _store(path, _SPM_MAGIC + _spm_digest(payload) + payload)
+        store(path, backend)
     return backend
 
 
