@@ -26,22 +26,16 @@ from gguf import GGML_QUANT_SIZES
 from gguf import GGMLQuantizationType as Q
 from gguf.quants import dequantize
 
-from triton_interpreter import rerun_in_fresh_process, start_interpreter
+from triton_interpreter import interpreted_gguf_chain, rerun_in_fresh_process, start_interpreter
 
 INTERPRETED = start_interpreter("test_moe_gpu.py")
 here = pytest.mark.skipif(not INTERPRETED, reason="Triton was imported compiled; run in a fresh process")
 if INTERPRETED:
+    interpreted_gguf_chain()
     mmq = importlib.import_module("toolkit.kernels.gguf.triton_mmq")
-    if type(mmq.mmq_kernel).__name__ != "InterpretedFunction":  # imported compiled: reload the chain
-        for name in ("triton_words", "triton_dp4a", "triton_kernels", "triton_mmq", "triton_ops"):
-            importlib.reload(importlib.import_module(f"toolkit.kernels.gguf.{name}"))
-        importlib.reload(importlib.import_module("toolkit.kernels.triton_reduce"))
-        importlib.reload(importlib.import_module("toolkit.kernels.moe_triton"))
     ops = importlib.import_module("toolkit.kernels.gguf.triton_ops")
     moe_triton = importlib.import_module("toolkit.kernels.moe_triton")
     triton_moe = importlib.import_module("toolkit.kernels.gguf_moe.triton_moe")
-    if type(triton_moe.gguf_moe_mmq_kernel).__name__ != "InterpretedFunction":
-        triton_moe = importlib.reload(triton_moe)
 
 TYPES = [Q.Q4_0, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K]
 F32_ERROR = 2 ** -18   # relative to sum |terms| |x|: float32 scale products and sums over a few dozen blocks

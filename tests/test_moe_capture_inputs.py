@@ -26,20 +26,14 @@ import torch
 from gguf import GGML_QUANT_SIZES
 from gguf import GGMLQuantizationType as Q
 
-from triton_interpreter import rerun_in_fresh_process, start_interpreter
+from triton_interpreter import interpreted_gguf_chain, rerun_in_fresh_process, start_interpreter
 
 INTERPRETED = start_interpreter("test_moe_gpu.py")
 here = pytest.mark.skipif(not INTERPRETED, reason="Triton was imported compiled; run in a fresh process")
 if INTERPRETED:
+    interpreted_gguf_chain()
     moe_triton = importlib.import_module("toolkit.kernels.moe_triton")
-    if type(moe_triton.route_kernel).__name__ != "InterpretedFunction":  # imported compiled: reload the chain
-        for name in ("triton_words", "triton_dp4a", "triton_kernels", "triton_mmq", "triton_ops"):
-            importlib.reload(importlib.import_module(f"toolkit.kernels.gguf.{name}"))
-        importlib.reload(importlib.import_module("toolkit.kernels.triton_reduce"))
-        moe_triton = importlib.reload(moe_triton)
     triton_moe = importlib.import_module("toolkit.kernels.gguf_moe.triton_moe")
-    if type(triton_moe.gguf_moe_mmq_kernel).__name__ != "InterpretedFunction":
-        triton_moe = importlib.reload(triton_moe)
 
 from toolkit.kernels import moe as moe_reference  # noqa: E402
 from toolkit.kernels import gguf_moe as gguf_moe_reference  # noqa: E402

@@ -63,3 +63,23 @@ def start_interpreter(gpu_tests: str) -> bool:
     if interpreted:
         fix_loop_bounds()
     return interpreted
+
+
+# The GGUF and MoE kernel modules in import order: a module's jit functions are bound when it is imported,
+# so one imported compiled (by an earlier test file) makes every later one in the chain compiled too.
+GGUF_CHAIN = ("toolkit.kernels.gguf.triton_words", "toolkit.kernels.gguf.triton_dp4a",
+              "toolkit.kernels.gguf.triton_kernels", "toolkit.kernels.gguf.triton_mmq",
+              "toolkit.kernels.gguf.triton_ops", "toolkit.kernels.triton_reduce", "toolkit.kernels.moe_triton",
+              "toolkit.kernels.gguf_moe.triton_moe")
+
+
+def interpreted_gguf_chain() -> None:
+    """Make the GGUF and MoE kernel modules run under the interpreter: reload the whole chain, in order,
+    if any of its kernels was imported compiled."""
+    import importlib  # noqa: PLC0415
+
+    modules = [importlib.import_module(name) for name in GGUF_CHAIN]
+    kernels = (modules[3].mmq_kernel, modules[6].route_kernel, modules[7].gguf_moe_mmq_kernel)
+    if any(type(kernel).__name__ != "InterpretedFunction" for kernel in kernels):
+        for name in GGUF_CHAIN:
+            importlib.reload(importlib.import_module(name))
