@@ -137,6 +137,17 @@ def _token_row(x_ptr, t: tl.constexpr, T, stride_x):
 
 
 @triton.jit
+def _token_rows(x_ptr, T, stride_x):
+    """The rows of tokens 0..15 (``_token_row``): the kernels unroll up to 16 tokens."""
+    return (_token_row(x_ptr, 0, T, stride_x), _token_row(x_ptr, 1, T, stride_x), _token_row(x_ptr, 2, T, stride_x),
+            _token_row(x_ptr, 3, T, stride_x), _token_row(x_ptr, 4, T, stride_x), _token_row(x_ptr, 5, T, stride_x),
+            _token_row(x_ptr, 6, T, stride_x), _token_row(x_ptr, 7, T, stride_x), _token_row(x_ptr, 8, T, stride_x),
+            _token_row(x_ptr, 9, T, stride_x), _token_row(x_ptr, 10, T, stride_x), _token_row(x_ptr, 11, T, stride_x),
+            _token_row(x_ptr, 12, T, stride_x), _token_row(x_ptr, 13, T, stride_x), _token_row(x_ptr, 14, T, stride_x),
+            _token_row(x_ptr, 15, T, stride_x))
+
+
+@triton.jit
 def _x(x_row, cols, i: tl.constexpr):
     return tl.load(x_row + cols + i).to(tl.float32)
 
@@ -180,14 +191,7 @@ def fourbit_tokens_kernel(x_ptr, w_ptr, absmax_ptr, code_ptr, code2_ptr, absmax2
     acc0 = tl.zeros((BK // 8, BN), dtype=tl.float32)
     acc1, acc2, acc3, acc4, acc5, acc6, acc7 = acc0, acc0, acc0, acc0, acc0, acc0, acc0
     acc8, acc9, acc10, acc11, acc12, acc13, acc14, acc15 = acc0, acc0, acc0, acc0, acc0, acc0, acc0, acc0
-    x0, x1, x2, x3 = (_token_row(x_ptr, 0, T, stride_x), _token_row(x_ptr, 1, T, stride_x),
-                      _token_row(x_ptr, 2, T, stride_x), _token_row(x_ptr, 3, T, stride_x))
-    x4, x5, x6, x7 = (_token_row(x_ptr, 4, T, stride_x), _token_row(x_ptr, 5, T, stride_x),
-                      _token_row(x_ptr, 6, T, stride_x), _token_row(x_ptr, 7, T, stride_x))
-    x8, x9, x10, x11 = (_token_row(x_ptr, 8, T, stride_x), _token_row(x_ptr, 9, T, stride_x),
-                        _token_row(x_ptr, 10, T, stride_x), _token_row(x_ptr, 11, T, stride_x))
-    x12, x13, x14, x15 = (_token_row(x_ptr, 12, T, stride_x), _token_row(x_ptr, 13, T, stride_x),
-                          _token_row(x_ptr, 14, T, stride_x), _token_row(x_ptr, 15, T, stride_x))
+    x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15 = _token_rows(x_ptr, T, stride_x)
     k_start = pid_k * K_SPLIT
     for k_step in range(0, K_SPLIT, BK):
         k0 = k_start + k_step
@@ -285,14 +289,7 @@ def int8_tokens_kernel(x_ptr, w_ptr, scb_ptr, out_ptr, T, N, K, K_SPLIT, stride_
     acc0 = tl.zeros((BN, WPS), dtype=tl.float32)
     acc1, acc2, acc3, acc4, acc5, acc6, acc7 = acc0, acc0, acc0, acc0, acc0, acc0, acc0
     acc8, acc9, acc10, acc11, acc12, acc13, acc14, acc15 = acc0, acc0, acc0, acc0, acc0, acc0, acc0, acc0
-    x0, x1, x2, x3 = (_token_row(x_ptr, 0, T, stride_x), _token_row(x_ptr, 1, T, stride_x),
-                      _token_row(x_ptr, 2, T, stride_x), _token_row(x_ptr, 3, T, stride_x))
-    x4, x5, x6, x7 = (_token_row(x_ptr, 4, T, stride_x), _token_row(x_ptr, 5, T, stride_x),
-                      _token_row(x_ptr, 6, T, stride_x), _token_row(x_ptr, 7, T, stride_x))
-    x8, x9, x10, x11 = (_token_row(x_ptr, 8, T, stride_x), _token_row(x_ptr, 9, T, stride_x),
-                        _token_row(x_ptr, 10, T, stride_x), _token_row(x_ptr, 11, T, stride_x))
-    x12, x13, x14, x15 = (_token_row(x_ptr, 12, T, stride_x), _token_row(x_ptr, 13, T, stride_x),
-                          _token_row(x_ptr, 14, T, stride_x), _token_row(x_ptr, 15, T, stride_x))
+    x0, x1, x2, x3, x4, x5, x6, x7, x8, x9, x10, x11, x12, x13, x14, x15 = _token_rows(x_ptr, T, stride_x)
     k_start = pid_k * K_SPLIT
     for k_step in range(0, K_SPLIT, BK):
         k0 = k_start + k_step
