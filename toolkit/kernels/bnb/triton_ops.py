@@ -14,7 +14,9 @@ fewer programs than SMs. ``bench/bench_bnb_kernels.py --sweep`` times alternativ
 
 The token-unrolled GEMVs (``triton_gemv_tokens``: each program reads its rows once for all 1..16
 tokens, one accumulator per token) take the calls their tables say (``FOURBIT_TOKENS_CONFIG``,
-``INT8_TOKENS_CONFIG``: up to how many tokens, with which launch); the first kernels keep the rest.
+``INT8_TOKENS_CONFIG``: up to how many tokens, with which launch); the first kernels keep the rest. The 4-bit
+table covers every small batch, so the first 4-bit kernel (``fourbit_matmul``) no longer serves the op: it
+stays for ``bench/bench_bnb_kernels.py``'s comparison and its tests.
 ``bnb_4bit_matmul_segments`` runs a fused projection's segments (q/k/v, gate/up) in one launch of
 the 4-bit GEMV when their statistics lie back to back (``Bnb4bitParameter.gather_statistics``).
 
@@ -75,10 +77,9 @@ class TokensConfig:
 # tokens take 2 rows (72 registers). int8 words hold 4 values: 512 columns give each thread one word
 # per row; 2 rows above 4 tokens for the same reason. ``bench/bench_bnb_kernels.py --sweep`` times the
 # alternatives (``TOKENS_SWEEP`` there) against bitsandbytes, the first kernels and dense bf16.
-TOKENS_1 = TokensConfig(bn=4, bk=1024)
 TOKENS_FEW = TokensConfig(bn=4, bk=1024)
 TOKENS_MANY = TokensConfig(bn=2, bk=1024)
-FOURBIT_TOKENS_CONFIG: tuple[tuple[int, TokensConfig], ...] = ((1, TOKENS_1), (8, TOKENS_FEW), (16, TOKENS_MANY))
+FOURBIT_TOKENS_CONFIG: tuple[tuple[int, TokensConfig], ...] = ((8, TOKENS_FEW), (16, TOKENS_MANY))
 # int8: the token-unrolled GEMV lost to the first kernels at 8 tokens on an H100 (bench/bench_bnb_kernels.py
 # --tokens 1,8, TinyLlama shapes, session 6, us new / first: q/k/v 15.7 / 17.1, 2048x2048 13.6 / 12.7,
 # gate/up 53.7 / 27.3, down 28.9 / 21.9) and the engine's batch-8 TPOT rose from 1.39-1.53x dense to
@@ -105,11 +106,6 @@ def enabled() -> bool:
 # bitsandbytes' path measured 1.21x in session 4). At T=8 it lost where K is long (down: 96.4 / 22.8; all four:
 # 182 / 166), and batch 8 went 2.60x dense, so 2-16 tokens stay with bitsandbytes by default.
 FOURBIT_DEFAULT_MAX_TOKENS = 1
-
-
-def fourbit_enabled() -> bool:
-    """Whether the Triton 4-bit kernels may run at all: on unless ``TOOLKIT_BNB_TRITON_4BIT=0``."""
-    return os.environ.get("TOOLKIT_BNB_TRITON_4BIT", "") != "0"
 
 
 def fourbit_max_tokens() -> int:
@@ -199,12 +195,11 @@ def _activations_ok(x: torch.Tensor) -> bool:
 
 
 def bnb_4bit_matmul(x: torch.Tensor, packed: torch.Tensor, quant_state, bias: torch.Tensor | None = None):
+    """``x @ W.T (+ bias)`` with the token-unrolled 4-bit GEMV (``fourbit_tokens_matmul``), whose table covers
+    every call ``supports`` accepts (1..SMALL_BATCH_MAX_TOKENS tokens); ``quant_state``: one QuantState, or
+    a fused projection's gathered segments (``bnb_4bit_matmul_segments``)."""
     cols = x.shape[-1]
-    flat = x.reshape(-1, cols).contiguous()
-    if tokens_config(FOURBIT_TOKENS_CONFIG, flat.shape[0]) is not None:
-        out = fourbit_tokens_matmul(flat, packed, quant_state)
-    else:
-        out = fourbit_matmul(flat, packed, quant_state)
+    out = fourbit_tokens_matmul(x.reshape(-1, cols).contiguous(), packed, quant_state)
     out = out.reshape(*x.shape[:-1], out.shape[-1])
     return out if bias is None else out + bias
 
@@ -333,12 +328,8 @@ def fourbit_tokens_matmul(x: torch.Tensor, packed: torch.Tensor, states, config:
 
 def bnb_4bit_matmul_segments(x: torch.Tensor, packed: torch.Tensor, quant_states, bias: torch.Tensor | None = None):
     """``x @ W.T (+ bias)`` for a fused projection in one launch: ``W`` the segments of ``quant_states``
-    stacked, ``packed`` their bytes back to back."""
-    cols = x.shape[-1]
-    flat = x.reshape(-1, cols).contiguous()
-    out = fourbit_tokens_matmul(flat, packed, quant_states)
-    out = out.reshape(*x.shape[:-1], out.shape[-1])
-    return out if bias is None else out + bias
+    stacked, ``packed`` their bytes back to back (an op of its own: its ``supports`` differs)."""
+    return bnb_4bit_matmul(x, packed, quant_states, bias)
 
 
 def _segments_supports(x, packed, quant_states, bias=None) -> bool:
