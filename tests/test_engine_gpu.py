@@ -121,6 +121,27 @@ def test_cuda_graph_decode_equals_eager_and_transformers(cuda_model, tiny_llama)
         tiny_llama.reference.to("cpu")
 
 
+def test_run_ahead_equals_the_synchronous_engine_on_cuda(cuda_model):
+    """Graph replays launched from the step before's sampled ids on the device (engine/run_ahead.py),
+    with sequences ending by length and by stop ids at different steps (the gathered-rows path)."""
+    batch = prompts([3, 17, 40, 64, 5, 33, 1, 100, 9], seed=2)
+    greedy = LLM(cuda_model, max_num_seqs=16, run_ahead=False).generate(
+        batch, SamplingParams(max_tokens=16, temperature=0, ignore_eos=True))
+    stop_ids = [out.token_ids[5] for out in greedy[:2]]
+    params = [SamplingParams(max_tokens=n, temperature=0, ignore_eos=True) for n in (1, 3, 8, 16, 16)]
+    params += [SamplingParams(max_tokens=16, temperature=0, stop_token_ids=stop_ids)] * 2
+    params += [SamplingParams(max_tokens=12, temperature=0.7, top_p=0.9, seed=4, ignore_eos=True)] * 2
+    expected = [(o.token_ids, o.finish_reason) for o in
+                LLM(cuda_model, max_num_seqs=16, run_ahead=False).generate(batch, params)]
+    llm = LLM(cuda_model, max_num_seqs=16, run_ahead=True)
+    ahead = []
+    schedule_ahead = llm.scheduler.schedule_ahead
+    llm.scheduler.schedule_ahead = lambda items: ahead.append(len(items)) or schedule_ahead(items)
+    assert [(o.token_ids, o.finish_reason) for o in llm.generate(batch, params)] == expected
+    assert len(ahead) > 8 and len(set(ahead)) > 2  # ran ahead, on shrinking subsets of the batch
+    assert llm.stats()["num_free_blocks"] == llm.stats()["num_blocks"]
+
+
 def test_seeded_sampling_on_cuda_is_reproducible(cuda_model):
     params = SamplingParams(max_tokens=10, temperature=1.0, top_k=50, seed=5, ignore_eos=True)
     llm = LLM(cuda_model, max_num_seqs=8)

@@ -45,9 +45,13 @@ class DecodeGraphs:
         # Every per-step input lives in two device buffers (int64 and int32) that one host-to-device
         # copy each fills from pinned host buffers: a step's host cost is a few numpy writes and
         # two copies, not one tensor and copy per input. The static inputs are views of them.
+        # The host buffers come in two sets used in turn: when the engine runs ahead, a step's
+        # inputs are written while the step before may not have copied its own yet (the set a step
+        # reuses was the one two steps back, whose tokens the engine has read, so its copy is done).
         pinned = torch.cuda.is_available()
-        self.host64 = torch.zeros(4 * size, dtype=torch.int64, pin_memory=pinned)
-        self.host32 = torch.zeros(size + size * width, dtype=torch.int32, pin_memory=pinned)
+        self.host64s = [torch.zeros(4 * size, dtype=torch.int64, pin_memory=pinned) for _ in range(2)]
+        self.host32s = [torch.zeros(size + size * width, dtype=torch.int32, pin_memory=pinned) for _ in range(2)]
+        self.turn = 0
         self.dev64 = torch.zeros(4 * size, dtype=torch.int64, device=self.device)
         self.dev32 = torch.zeros(size + size * width, dtype=torch.int32, device=self.device)
         self.input_ids, self.positions, self.slot_mapping, state_slots = self.dev64.view(4, size)
@@ -87,8 +91,10 @@ class DecodeGraphs:
         size = next(s for s in self.batch_sizes if s >= count)
         full = self.batch_sizes[-1]
         block_size = self.runner.config.block_size
-        host64 = self.host64.numpy().reshape(4, full)
-        host32 = self.host32.numpy()
+        self.turn ^= 1
+        host64_buffer, host32_buffer = self.host64s[self.turn], self.host32s[self.turn]
+        host64 = host64_buffer.numpy().reshape(4, full)
+        host32 = host32_buffer.numpy()
         positions = np.asarray(step.starts, dtype=np.int64)
         tables = host32[full:].reshape(full, self.width)
         for row, table in enumerate(step.block_tables):  # a row's stale tail past its blocks is never read
@@ -104,9 +110,11 @@ class DecodeGraphs:
             host64[3, count:size] = self.runner.null_slot
         host32[:count] = positions + 1
         host32[count:size] = 0                                       # spare rows: nothing read
-        self.dev64.copy_(self.host64, non_blocking=True)
+        self.dev64.copy_(host64_buffer, non_blocking=True)
         used = full + count * self.width
-        self.dev32[:used].copy_(self.host32[:used], non_blocking=True)
+        self.dev32[:used].copy_(host32_buffer[:used], non_blocking=True)
+        if step.input_ids is not None:  # run-ahead: the step before's samples, still on the device
+            self.input_ids[:count].copy_(step.input_ids)
         self.graphs[size].replay()
         if list(step.sample_rows) == list(range(count)):  # the usual decode step: no index upload
             return self.logits[size][:count].clone()

@@ -25,6 +25,7 @@ from .executor import LocalExecutor, ParallelExecutor
 from .kv_cache import parse_memory
 from .model_runner import RunnerConfig, StepInput
 from .outputs import Detokenizer, RequestOutput, check_stop_token
+from .run_ahead import PendingStep, ahead_input_ids, ahead_items
 from .sampler import Sampler, SamplingRow, prompt_logprobs
 from .sampling_params import SamplingParams
 from .scheduler import RequestTooLargeError, Scheduler, SchedulerOutput
@@ -57,6 +58,9 @@ class LLM:
     :param max_model_len: longest sequence (default: the model's max_position_embeddings)
     :param enforce_eager: no CUDA graphs for decode steps
     :param seed: seed for requests without their own (default: random; 0 under a launcher, so ranks agree)
+    :param run_ahead: launch the next decode step before reading this one's tokens, so the host's work
+        overlaps the GPU's (engine/run_ahead.py; same tokens). Default: on for a model on a CUDA device
+        in this process, off otherwise; ``TOOLKIT_RUN_AHEAD=0|1`` sets the default
 
     Driving a tensor-parallel handle (``tp > 1`` from one process), the engine lowers this
     process's torch threads to ``CALLER_THREADS_WITH_WORKERS`` (see there why).
@@ -66,7 +70,7 @@ class LLM:
                  tp: int = 1, *, max_num_seqs: int = 256, max_num_batched_tokens: int = 4096,
                  kv_cache_memory: int | str | None = None, block_size: int = 16, enable_prefix_caching: bool = True,
                  max_model_len: int | None = None, gpu_memory_utilization: float = 0.9, enforce_eager: bool = False,
-                 seed: int | None = None):
+                 seed: int | None = None, run_ahead: bool | None = None):
         self._owns_model = isinstance(model, (str, os.PathLike))
         if self._owns_model:
             from ..api import load  # noqa: PLC0415 - the engine module itself needs no loader
@@ -100,6 +104,13 @@ class LLM:
         logger.info("engine cache: %s", format_memory_report(self.memory_report()))
         self.sampler = Sampler(self.device, seed=_default_seed(seed, model))
         self.detokenizer = Detokenizer(self.tokenizer)
+        # run ahead (engine/run_ahead.py) where the model and sampling live on one CUDA device
+        self.run_ahead = (is_local and self.device.type == "cuda") if run_ahead is None else bool(run_ahead)
+        if run_ahead is None and os.environ.get("TOOLKIT_RUN_AHEAD") in ("0", "1"):
+            self.run_ahead = is_local and os.environ["TOOLKIT_RUN_AHEAD"] == "1"
+        if self.run_ahead and not is_local:
+            raise ValueError("run_ahead needs a model in this process (a tensor-parallel handle returns logits to the host)")
+        self._ahead: PendingStep | None = None
         self._requests: dict[str, Sequence] = {}
         self._streaming: set[str] = set()
         self._ids = itertools.count()
@@ -138,22 +149,47 @@ class LLM:
         self._streaming.discard(request_id)
 
     def step(self) -> list[RequestOutput]:
-        """Run one batch; returns an output for every request that produced a token (or finished)."""
+        """Run one batch; returns an output for every request that produced a token (or finished).
+
+        With ``run_ahead`` the next batch may already be on the GPU when this returns (see
+        engine/run_ahead.py); the tokens and outputs are the same as without it."""
         if self._cores is not None:
             self._cores.adjust()
-        scheduled = self.scheduler.schedule()
-        if scheduled.is_empty:
-            return []
-        step_input = self._step_input(scheduled)
+        pending, self._ahead = self._ahead, None
+        if pending is None or pending.is_stale:  # a stale step's sequences all ended: drop its tokens
+            scheduled = self.scheduler.schedule()
+            if scheduled.is_empty:
+                return []
+            pending = self._launch(scheduled)
+        if self.run_ahead and (items := ahead_items(pending, self.scheduler, self.max_model_len)):
+            input_ids = ahead_input_ids(pending, items)
+            self._ahead = self._launch(self.scheduler.schedule_ahead(items), input_ids)
+        return self._complete(pending)
+
+    def _launch(self, scheduled: SchedulerOutput, input_ids: torch.Tensor | None = None) -> PendingStep:
+        """Run the model on ``scheduled`` and sample; with ``run_ahead`` the tokens stay on the device."""
+        step_input = self._step_input(scheduled, input_ids)
         logits = self.executor.execute(step_input)
         sampling = [item.seq for item in scheduled.scheduled if item.samples]
         if step_input.all_logits_rows:
             self._record_prompt_logprobs(scheduled, step_input, logits[len(sampling):])
             logits = logits[:len(sampling)]
-        result = self.sampler(logits, [self._sampling_row(seq) for seq in sampling])
-        tokens = iter(result.token_ids)
-        self.scheduler.update(scheduled, [next(tokens) if item.samples else None for item in scheduled.scheduled])
-        return [self._after_token(seq, logprobs) for seq, logprobs in zip(sampling, result.logprobs)]
+        if not sampling:  # a prefill chunk that ends inside its prompt
+            return PendingStep(scheduled, sampling, token_ids=[])
+        rows = [self._sampling_row(seq) for seq in sampling]
+        if self.run_ahead and self.sampler.on_device(rows):
+            return PendingStep.on_device(scheduled, sampling, self.sampler.choose(logits, rows))
+        result = self.sampler(logits, rows)
+        return PendingStep(scheduled, sampling, token_ids=result.token_ids, logprobs=result.logprobs)
+
+    def _complete(self, pending: PendingStep) -> list[RequestOutput]:
+        """Read the step's tokens, advance its sequences (or fill in what running ahead left) and report them."""
+        tokens = iter(pending.read())
+        self.scheduler.update(pending.scheduled, [next(tokens) if item.samples else None
+                                                  for item in pending.scheduled.scheduled])
+        logprobs = pending.logprobs or [None] * len(pending.sampling)
+        # a sequence that ended with the step before (its row here was computed ahead) or was aborted reports nothing
+        return [self._after_token(seq, entry) for seq, entry in zip(pending.sampling, logprobs) if not seq.is_finished]
 
     # ---- whole-batch interface ------------------------------------------------------------------
     def generate(self, prompts: Prompt | list[Prompt], params: SamplingParams | list[SamplingParams] | None = None
@@ -220,6 +256,9 @@ class LLM:
 
     def close(self) -> None:
         """Release the KV cache (and the model's workers if this engine loaded it)."""
+        if self._ahead is not None:  # let the step run ahead finish before its cache goes
+            self._ahead.read()
+            self._ahead = None
         self.executor.close()
         if self._owns_model:
             self.loaded.close()
@@ -245,7 +284,7 @@ class LLM:
             raise ValueError(f"{len(prompts)} prompts but {len(params)} SamplingParams")
         return [self.add_request(prompt, p, stream=stream) for prompt, p in zip(prompts, params)]
 
-    def _step_input(self, scheduled: SchedulerOutput) -> StepInput:
+    def _step_input(self, scheduled: SchedulerOutput, input_ids: torch.Tensor | None = None) -> StepInput:
         items = scheduled.scheduled
         pool = self.state_pool
         return StepInput(
@@ -254,7 +293,8 @@ class LLM:
             block_tables=[i.seq.block_table for i in items],
             sample_rows=[row for row, i in enumerate(items) if i.samples],
             all_logits_rows=[row for row, i in enumerate(items) if i.seq.wants_prompt_logprobs],
-            state_slots=None if pool is None else [pool.slot_of(i.seq.request_id) for i in items])
+            state_slots=None if pool is None else [pool.slot_of(i.seq.request_id) for i in items],
+            input_ids=input_ids)
 
     @staticmethod
     def _record_prompt_logprobs(scheduled: SchedulerOutput, step_input: StepInput, logits: torch.Tensor) -> None:

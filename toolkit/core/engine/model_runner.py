@@ -52,6 +52,9 @@ class StepInput:
     :param all_logits_rows: sequences whose every new token's logits are returned too, after the
         sample rows' (in this order, each sequence's tokens in order); for prompt log-probabilities
     :param state_slots: recurrent-state slot per sequence (None for a model without recurrent layers)
+    :param input_ids: the new tokens already on the device (the step before's samples, when the engine
+        runs ahead); ``token_ids`` then holds placeholders of the same length. Never set under tensor
+        parallelism (a device tensor does not travel to the ranks).
     """
 
     token_ids: list[int]
@@ -61,6 +64,7 @@ class StepInput:
     sample_rows: list[int]
     all_logits_rows: list[int] = field(default_factory=list)
     state_slots: list[int] | None = None
+    input_ids: torch.Tensor | None = None
 
     @property
     def is_decode(self) -> bool:
@@ -264,7 +268,8 @@ class ModelRunner:
             block_tables=self._tensor(batch["block_tables"]), max_query_len=max(step.query_lens),
             max_seq_len=int(batch["seq_lens"].max()),
             state_slots=None if step.state_slots is None else self._tensor(step.state_slots))
-        return self._tensor(step.token_ids), self._tensor(batch["positions"]), attn
+        input_ids = step.input_ids if step.input_ids is not None else self._tensor(step.token_ids)
+        return input_ids, self._tensor(batch["positions"]), attn
 
     @staticmethod
     def block_table_tensor(block_tables: list[list[int]], width: int | None = None) -> torch.Tensor:

@@ -88,7 +88,8 @@ class PrefillGraphs:
         count, total = len(step.query_lens), len(step.token_ids)
         batch = self.runner.host_batch(step)
         tables = batch["block_tables"]
-        self.input_ids[:total].copy_(torch.tensor(step.token_ids, dtype=torch.int64), non_blocking=True)
+        ids = step.input_ids if step.input_ids is not None else torch.tensor(step.token_ids, dtype=torch.int64)
+        self.input_ids[:total].copy_(ids, non_blocking=True)
         self.positions[:total].copy_(batch["positions"], non_blocking=True)
         self.slot_mapping[:total].copy_(batch["slots"], non_blocking=True)
         self.slot_mapping[total:tokens].fill_(-1)

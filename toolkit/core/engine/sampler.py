@@ -39,6 +39,13 @@ class SampleResult:
     logprobs: list[dict[int, float] | None]  # sampled token and top-n, from the raw distribution
 
 
+def to_device(values: list, device: torch.device, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """A small host list as a device tensor without waiting for the device: a plain ``torch.tensor(...,
+    device=cuda)`` copy synchronises the stream, which would stall the host behind a step running ahead."""
+    host = torch.tensor(values, dtype=dtype, pin_memory=torch.device(device).type == "cuda")
+    return host.to(device, non_blocking=True)
+
+
 def apply_penalties(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
     """Repetition penalty over prompt and output tokens; presence/frequency over output tokens."""
     for i, row in enumerate(rows):
@@ -60,21 +67,21 @@ def apply_penalties(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tens
 def filtered_probs(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
     """Probabilities after temperature, top-k, top-p and min-p (rows renormalised)."""
     device = logits.device
-    temperature = torch.tensor([p.temperature or 1.0 for p in params], device=device).unsqueeze(1)
+    temperature = to_device([p.temperature or 1.0 for p in params], device).unsqueeze(1)
     logits = logits / temperature
     if not any(p.has_filters for p in params):
         return logits.softmax(-1)
     sorted_logits, order = logits.sort(dim=-1, descending=True)
     vocab = logits.shape[1]
     rank = torch.arange(vocab, device=device).unsqueeze(0)
-    top_k = torch.tensor([p.top_k if p.top_k > 0 else vocab for p in params], device=device).unsqueeze(1)
+    top_k = to_device([p.top_k if p.top_k > 0 else vocab for p in params], device).unsqueeze(1)
     sorted_logits = sorted_logits.masked_fill(rank >= top_k, float("-inf"))
     probs = sorted_logits.softmax(-1)
-    top_p = torch.tensor([p.top_p for p in params], device=device).unsqueeze(1)
+    top_p = to_device([p.top_p for p in params], device).unsqueeze(1)
     before = probs.cumsum(-1) - probs  # probability mass ranked above each token
     probs = probs.masked_fill((before >= top_p) & (rank > 0), 0.0)
     probs = probs / probs.sum(-1, keepdim=True)
-    min_p = torch.tensor([p.min_p for p in params], device=device).unsqueeze(1)
+    min_p = to_device([p.min_p for p in params], device).unsqueeze(1)
     probs = probs.masked_fill(probs < min_p * probs[:, :1], 0.0)
     probs = probs / probs.sum(-1, keepdim=True)
     return torch.zeros_like(probs).scatter_(1, order, probs)
@@ -128,11 +135,22 @@ class Sampler:
                     else [None] * len(rows))
         return SampleResult(token_ids, logprobs)
 
+    def choose(self, logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
+        """The next token of every row, left on the logits' device (nothing is read back, so a CUDA
+        caller does not wait). Only for rows ``on_device`` accepts."""
+        return self._choose(logits.float(), rows)
+
+    @staticmethod
+    def on_device(rows: list[SamplingRow]) -> bool:
+        """Whether ``choose`` serves these rows: no penalties (they read the token history, which a
+        run-ahead step has not got yet) and no log-probabilities (read back with the tokens)."""
+        return not any(r.params.has_penalties or r.params.logprobs is not None for r in rows)
+
     def _choose(self, logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
         token_ids = argmax_rows(logits)
         sampled = [i for i, r in enumerate(rows) if not r.params.is_greedy]
         if sampled:
-            index = torch.tensor(sampled, device=logits.device)
+            index = to_device(sampled, logits.device)
             probs = filtered_probs(logits[index], [rows[i].params for i in sampled])
             token_ids[index] = draw(probs, [rows[i].generator for i in sampled], self.generator)
         return token_ids

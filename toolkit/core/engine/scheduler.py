@@ -20,6 +20,9 @@ from .block_manager import BlockManager
 from .sequence import Sequence, SequenceStatus
 
 
+PLACEHOLDER_TOKEN = -1  # a sampled token not yet read back from the device (run-ahead)
+
+
 class RequestTooLargeError(ToolkitError, ValueError):
     """A request that could never run: it needs more KV blocks (or positions) than exist."""
 
@@ -30,6 +33,7 @@ class ScheduledSequence:
     num_new_tokens: int
     start: int              # position of the first new token (tokens before it are in the cache)
     samples: bool           # this chunk reaches the end of the known tokens, so a token is sampled
+    ran_ahead: bool = False  # schedule_ahead advanced it before its token was read (a placeholder holds the place)
 
 
 @dataclass
@@ -146,10 +150,41 @@ class Scheduler:
 
     # ---- after the model ran ----------------------------------------------------------------
     def update(self, out: SchedulerOutput, sampled: list[int | None]) -> None:
-        """Advance each scheduled sequence past its chunk and append its sampled token, if any."""
+        """Advance each scheduled sequence past its chunk and append its sampled token, if any (for
+        a chunk ``schedule_ahead`` advanced already: write the token over its placeholder). A
+        sequence that finished meanwhile (stopped by the step before, or aborted) is left alone."""
         for item, token_id in zip(out.scheduled, sampled):
             seq = item.seq
-            seq.num_computed_tokens += item.num_new_tokens
-            self.block_manager.commit_computed(seq)
+            if seq.is_finished:
+                continue
+            if item.ran_ahead:
+                position = item.start + item.num_new_tokens
+                assert seq.token_ids[position] == PLACEHOLDER_TOKEN, "each sampled token is written once"
+                seq.token_ids[position] = token_id
+                continue
+            self._advance(item)
             if item.samples:
                 seq.append_token(token_id)
+
+    def _advance(self, item: ScheduledSequence) -> None:
+        item.seq.num_computed_tokens += item.num_new_tokens
+        self.block_manager.commit_computed(item.seq)
+
+    # ---- running ahead (engine/run_ahead.py) --------------------------------------------------
+    def schedule_ahead(self, items: list[ScheduledSequence]) -> SchedulerOutput:
+        """The next step for the sequences of ``items`` (chunks of a launched step that sample),
+        scheduled before their tokens are known: each is advanced past its chunk now, with
+        ``PLACEHOLDER_TOKEN`` for the token it is sampling (``update`` writes it later), and
+        decodes that token next. Only for what ``run_ahead.ahead_items`` chose: these are all the
+        running sequences that go on, nothing waits, and the blocks fit, so this is the step
+        ``schedule`` would return once the tokens were in."""
+        ahead = SchedulerOutput()
+        for item in items:
+            seq = item.seq
+            self._advance(item)  # the full blocks before the placeholder hold real tokens only
+            seq.append_token(PLACEHOLDER_TOKEN)
+            item.ran_ahead = True
+            if not self.block_manager.allocate_slots(seq, 1):
+                raise RuntimeError(f"run-ahead found no KV block for {seq.request_id!r}; ahead_items should have refused")
+            ahead.scheduled.append(self._chunk(seq, 1))
+        return ahead
