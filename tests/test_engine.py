@@ -190,7 +190,14 @@ def test_decode_graph_inputs_equal_prepared_metadata():
         graphs.logits[size] = torch.arange(size * 3, dtype=torch.float32).view(size, 3)
     steps = [StepInput([11, 12, 13], [1, 1, 1], [5, 0, 13], [[3, 9], [4], [1, 2, 6, 7]], [0, 1, 2], state_slots=[0, 2, 1]),
              StepInput([21], [1], [2], [[6]], [0], state_slots=[3]),
-             StepInput([31, 32], [1, 1], [8, 3], [[0, 1, 2], [5]], [1], state_slots=[4, 0])]
+             StepInput([31, 32], [1, 1], [8, 3], [[0, 1, 2], [5]], [1], state_slots=[4, 0]),
+             # run ahead: the ids come on the device, token_ids are placeholders; two steps later the same
+             # host buffers serve a smaller batch of the same graph size, whose spare row must not keep one
+             StepInput([-1, -1, -1, -1], [1, 1, 1, 1], [6, 1, 14, 9], [[3, 9], [4], [1, 2, 6, 7], [0, 1, 2]],
+                       [0, 1, 2, 3], state_slots=[0, 2, 1, 4], input_ids=torch.tensor([41, 42, 43, 44])),
+             StepInput([51], [1], [3], [[6]], [0], state_slots=[3]),
+             StepInput([61, 62, 63], [1, 1, 1], [7, 2, 15], [[3, 9], [4], [1, 2, 6, 7]], [0, 1, 2],
+                       state_slots=[0, 2, 1])]
     for step in steps:
         logits = graphs.run(step)
         count, size = len(step.query_lens), replays[-1]
@@ -199,6 +206,7 @@ def test_decode_graph_inputs_equal_prepared_metadata():
             _tensor=lambda data, dtype=torch.int64: torch.as_tensor(data).to(dtype)), step)
         assert size == min(s for s in graphs.batch_sizes if s >= count)
         assert graphs.input_ids[:count].tolist() == input_ids.tolist()
+        assert (graphs.input_ids[:size] >= 0).all()  # spare rows too: no placeholder left from a run-ahead step
         assert graphs.positions[:count].tolist() == positions.tolist()
         assert graphs.slot_mapping[:count].tolist() == attn.slot_mapping.tolist()
         assert graphs.seq_lens[:count].tolist() == attn.seq_lens.tolist()

@@ -101,7 +101,10 @@ class DecodeGraphs:
             tables[row, :len(table)] = table
         blocks = np.fromiter((table[p // block_size] for table, p in zip(step.block_tables, step.starts)),
                              dtype=np.int64, count=count)
-        host64[0, :count] = step.token_ids
+        # a step run ahead brings its ids on the device (its token_ids are placeholders, never valid
+        # ids); spare rows get id 0, so a later, smaller batch never embeds a stale placeholder
+        host64[0, :count] = step.token_ids if step.input_ids is None else 0
+        host64[0, count:size] = 0
         host64[1, :count] = positions
         host64[2, :count] = blocks * block_size + positions % block_size
         host64[2, count:size] = -1                                   # spare rows: nothing stored
