@@ -127,8 +127,12 @@ def test_int8_route_blocks_by_route_count(monkeypatch):
     calls = []
     real_mmq = triton_moe.mmq_routes
     monkeypatch.setattr(triton_moe, "mmq_routes", lambda *a, **k: calls.append(a[2]) or real_mmq(*a, **k))
-    for tokens, setting, int8 in ((6, None, True), (3, None, False), (3, "1", True), (6, "0", False)):
-        if setting is None:
+    cases = ((6, None, True), (3, None, False), (3, "1", True), (6, "0", False), (6, "open", True), (3, "open", False))
+    for tokens, setting, int8 in cases:
+        if setting == "open":  # no upper bound: from 8 routes on
+            monkeypatch.setattr(triton_moe, "MOE_INT8_ROUTES", (8, None))
+            monkeypatch.delenv("TOOLKIT_MOE_INT8", raising=False)
+        elif setting is None:
             monkeypatch.delenv("TOOLKIT_MOE_INT8", raising=False)
         else:
             monkeypatch.setenv("TOOLKIT_MOE_INT8", setting)

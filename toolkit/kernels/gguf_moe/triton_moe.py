@@ -7,14 +7,14 @@ Kernels, by route count (``moe_triton.block_rows``): up to ``DECODE_ROUTES`` rou
 program on int8 activations (``gguf_moe_dp4a_kernel``, the dense decode GEMV's steps); above that,
 blocks of ``BM`` routes of one expert on int8 tensor cores (``gguf_moe_mmq_kernel``, the dense mmq
 kernel's K loop) for the types that have it, else the float ``tl.dot`` kernel (``gguf_moe_kernel``).
-The int8 route blocks run for route counts in ``MOE_INT8_ROUTES`` (16-1,024) or always / never with
+The int8 route blocks run for route counts in ``MOE_INT8_ROUTES`` (16 and up) or always / never with
 ``TOOLKIT_MOE_INT8=1`` / ``0``. With them on, the engine's first prefill CUDA-graph capture of the
 Qwen3-30B-A3B-shaped file once hit a device-side assert (H100). Diagnosed on the CPU
 (tests/test_moe_capture_inputs.py), not in this kernel: the capture's warm-up runs on attention rows no
 kernel wrote, a non-finite router logit made the route kernel name expert E, and ``align_routes`` indexed
 its counts with it (fixed in ``moe_triton.route_kernel``; the int8 path's freed int8 buffers, read as
 bf16, only made NaN patterns in those rows likely; tests/test_moe_gpu.py passed on an H100 with the fix).
-At 16-1,024 routes it is 1.28-1.37x faster than the float kernel (see ``MOE_INT8_ROUTES``)."""
+At 16-4,096 routes it is 1.16-1.37x faster than the float kernel (see ``MOE_INT8_ROUTES``)."""
 from __future__ import annotations
 
 import os
@@ -146,19 +146,25 @@ MMQ_ROUTE = {"default": (64, 4, 3)}
 # shapes, gate_up Q4_K, down Q6_K, after the packed-register unpacking in ``triton_mmq``), ms per layer, int8
 # BM=16 against float BM=16: 16 routes 0.105 / 0.145, 64: 0.252 / 0.331, 256: 0.437 / 0.589, 512: 0.494 / 0.659,
 # 1,024: 0.520 / 0.664 (1.28-1.37x; BM=32 was slower for both). Up to ``DECODE_ROUTES`` one route per program
-# is faster still (64 routes: 0.126). Above 1,024 (prefill) not re-measured: the float large blocks stay. The
-# engine's CUDA-graph tests pass with it on (tests/test_moe_gpu.py -k "capture_inputs or int8_route_blocks",
-# same run, after the route kernel's non-finite fix).
-MOE_INT8_ROUTES: tuple[int, int] | None = (16, 1024)
+# is faster still (64 routes: 0.126). The engine's CUDA-graph tests pass with it on (tests/test_moe_gpu.py -k
+# "capture_inputs or int8_route_blocks", same run, after the route kernel's non-finite fix).
+# Prefill (session 7, same command with --routes 2048,4096 --bm 16,32 --sweep, H100): 2,048 routes int8 0.698-0.750
+# ms per layer against float BM=32 0.897; 4,096 routes int8 BM=32 1.049 against 1.217 (1.16-1.29x). In the engine
+# (synthetic Qwen3-30B-A3B Q4_K_M, fresh processes alternating) a 512-token prefill went from 10,100-10,149 to
+# 10,999-11,350 tok/s with int8 at every count, so the upper bound is gone (None: no bound).
+MOE_INT8_ROUTES: tuple[int, int | None] | None = (16, None)
 
 
 def moe_int8_enabled(routes: int) -> bool:
     """Whether ``routes`` routes in blocks take the int8 kernel: ``TOOLKIT_MOE_INT8=1`` always, ``=0`` never,
-    otherwise (unset) when ``routes`` lies in ``MOE_INT8_ROUTES``."""
+    otherwise (unset) when ``routes`` lies in ``MOE_INT8_ROUTES`` (an upper bound of None: no bound)."""
     setting = os.environ.get("TOOLKIT_MOE_INT8", "")
     if setting in ("0", "1"):
         return setting == "1"
-    return MOE_INT8_ROUTES is not None and MOE_INT8_ROUTES[0] <= routes <= MOE_INT8_ROUTES[1]
+    if MOE_INT8_ROUTES is None:
+        return False
+    low, high = MOE_INT8_ROUTES
+    return low <= routes and (high is None or routes <= high)
 
 
 def _mmq_routes_ok(qtype: int, cols_in: int, routes: int) -> bool:
