@@ -121,6 +121,32 @@ def test_cuda_graph_decode_equals_eager_and_transformers(cuda_model, tiny_llama)
         tiny_llama.reference.to("cpu")
 
 
+def test_qwen3_qk_norms_fused_into_rotary_decode_as_transformers(tmp_path):
+    """Qwen3's q/k norms run inside the rotary + KV-store kernel on CUDA (``qk_norm_rotary_store_kv``): the
+    engine's greedy tokens (graphs, running ahead) equal transformers' own greedy decoding, in float32."""
+    from hf_fixtures import save_hf_model  # noqa: PLC0415
+    from toolkit.kernels import runtime  # noqa: PLC0415
+
+    reference_model = save_hf_model(tmp_path, "qwen3").to("cuda").float()
+    model = toolkit.load(tmp_path, device="cuda", dtype="fp32")
+    calls = []
+    resolve = runtime.resolve
+    batch = prompts([5, 30, 1, 64], seed=7)
+    try:  # spied from before the engine captures its graphs
+        runtime.resolve = lambda name, *a, **k: calls.append(name) or resolve(name, *a, **k)
+        llm = LLM(model, max_num_seqs=8)
+        assert llm.executor.runner.graphs is not None
+        tokens = [o.token_ids for o in llm.generate(batch, SamplingParams(max_tokens=10, temperature=0, ignore_eos=True))]
+    finally:
+        runtime.resolve = resolve
+    assert "qk_norm_rotary_store_kv" in calls
+    for prompt, got in zip(batch, tokens):
+        ids = torch.tensor([prompt], device="cuda")
+        for _ in range(10):
+            ids = torch.cat([ids, reference_model(ids).logits[:, -1].argmax(-1, keepdim=True)], dim=1)
+        assert got == ids[0, len(prompt):].tolist()
+
+
 def test_run_ahead_equals_the_synchronous_engine_on_cuda(cuda_model):
     """Graph replays launched from the step before's sampled ids on the device (engine/run_ahead.py),
     with sequences ending by length and by stop ids at different steps (the gathered-rows path)."""

@@ -90,6 +90,38 @@ def test_rotary_store_kv_matches_rotary_then_store(ops, dtype, heads, kv_heads, 
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("heads,kv_heads,head_dim,rotary_dim", [(32, 4, 128, 128), (8, 2, 64, 32), (4, 1, 256, 256)])
+@pytest.mark.parametrize("offset", [0.0, 1.0])
+@pytest.mark.parametrize("tokens", [1, 37])
+def test_qk_norm_rotary_store_kv_matches_norms_then_rotary_store(ops, dtype, heads, kv_heads, head_dim, rotary_dim,
+                                                                 offset, tokens):
+    """Qwen3's / Gemma 3's q and k norms in the rotary + KV-store kernel, on views of a fused qkv row, against
+    the reference norms of every head followed by the reference rotary_store_kv."""
+    gen = torch.Generator(device="cuda").manual_seed(heads * 1000 + head_dim + tokens + int(offset))
+    qkv = (torch.randn(tokens, (heads + 2 * kv_heads) * head_dim, generator=gen, device="cuda") * 3).to(dtype)
+    q, k, v = qkv.split([heads * head_dim, kv_heads * head_dim, kv_heads * head_dim], dim=-1)
+    weights = [(1 + 0.3 * torch.randn(head_dim, generator=gen, device="cuda")).to(dtype) for _ in range(2)]
+    positions = torch.randint(0, 8000, (tokens,), generator=gen, device="cuda")
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, rotary_dim, 2, device="cuda").float() / rotary_dim))
+    slots = torch.randperm(4 * 16, generator=gen, device="cuda")[:tokens]
+    slots[::5] = -1
+    mine = [torch.full((4, 16, kv_heads, head_dim), 7.0, dtype=dtype, device="cuda") for _ in range(2)]
+    theirs = [cache.clone() for cache in mine]
+    args = (positions, q, k, v, *weights, 1e-6, offset, inv_freq, head_dim, rotary_dim)
+    assert ops.qk_norm_rotary_store_kv.supports(*args, *mine, slots)
+    q_rot = ops.qk_norm_rotary_store_kv(*args, *mine, slots)
+    q_normed = reference.rms_norm(q.reshape(tokens, heads, head_dim), weights[0], 1e-6, offset).reshape(tokens, -1)
+    k_normed = reference.rms_norm(k.reshape(tokens, kv_heads, head_dim), weights[1], 1e-6, offset).reshape(tokens, -1)
+    ref_q = reference.rotary_store_kv(positions, q_normed, k_normed, v, inv_freq, head_dim, rotary_dim, *theirs, slots)
+    assert rel_err(q_rot, ref_q) < TOL[dtype] and rel_err(mine[0], theirs[0]) < TOL[dtype]
+    assert torch.equal(mine[1], theirs[1])  # v is copied, never normalised
+    from toolkit.core.registry import default_registry  # noqa: PLC0415
+    from toolkit.kernels import runtime  # noqa: PLC0415
+    default_registry()
+    assert runtime.resolve("qk_norm_rotary_store_kv", *args, *mine, slots) is ops.qk_norm_rotary_store_kv
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("activation", ["silu", "gelu_pytorch_tanh", "gelu"])
 @pytest.mark.parametrize("rows,cols", [(1, 14336), (13, 1000)])
 def test_gated_activation(ops, dtype, activation, rows, cols):

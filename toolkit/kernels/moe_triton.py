@@ -29,12 +29,28 @@ DECODE_ROUTES = int(os.environ.get("TOOLKIT_MOE_DECODE_ROUTES", "64"))
 BM_GROUPED = 16
 
 
+_ROUTE_INDEX: dict[tuple[torch.device, int], torch.Tensor] = {}
+
+
+def _route_index(routes: int, device: torch.device) -> torch.Tensor:
+    """``arange(routes)`` (int32), made once per device and count outside CUDA-graph capture (a graph's
+    warm-up runs first, so a decode step's graph launches no arange; one made during a capture is
+    filled only when the graph replays, so it is never kept)."""
+    key = (device, routes)
+    index = _ROUTE_INDEX.get(key)
+    if index is None:
+        index = torch.arange(routes, device=device, dtype=torch.int32)
+        if not (index.is_cuda and torch.cuda.is_current_stream_capturing()):
+            _ROUTE_INDEX[key] = index
+    return index
+
+
 def align_routes(topk_ids: torch.Tensor, num_experts: int, bm: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(route per slot [P], expert per block [P / bm]); padding slots hold M, empty blocks expert E."""
     flat = topk_ids.reshape(-1).long()
     routes = flat.numel()
-    if bm == 1:
-        return torch.arange(routes, device=flat.device, dtype=torch.int32), flat.to(torch.int32)
+    if bm == 1:  # no sorting: route r is slot r, and its expert id is read as it is (int64)
+        return _route_index(routes, flat.device), flat
     counts = torch.zeros(num_experts, dtype=torch.int64, device=flat.device)
     counts.scatter_add_(0, flat, torch.ones_like(flat))
     padded = (counts + bm - 1) // bm * bm

@@ -7,6 +7,7 @@ from __future__ import annotations
 import torch
 
 from ..core.hookspecs import hookimpl
+from . import runtime
 from .recurrent_reference import OPS as RECURRENT_OPS
 
 
@@ -82,6 +83,21 @@ def rotary_store_kv(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v
     return q_rot
 
 
+def qk_norm_rotary_store_kv(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                            q_weight: torch.Tensor, k_weight: torch.Tensor, eps: float, weight_offset: float,
+                            inv_freq: torch.Tensor, head_dim: int, rotary_dim: int, k_cache: torch.Tensor,
+                            v_cache: torch.Tensor, slot_mapping: torch.Tensor) -> torch.Tensor:
+    """Per-head ``rms_norm`` of q (``q_weight``) and k (``k_weight``), as Qwen3's and Gemma 3's
+    ``q_norm``/``k_norm``, then ``rotary_store_kv``; returns the rotated q. One op so that a device
+    kernel can do it in one pass; here its parts go through the runtime (a CPU's compiled norm and
+    rotary kernels still serve them)."""
+    tokens = q.shape[0]
+    q = runtime.call("rms_norm", q.reshape(tokens, -1, head_dim), q_weight, eps, weight_offset).reshape(tokens, -1)
+    k = runtime.call("rms_norm", k.reshape(tokens, -1, head_dim), k_weight, eps, weight_offset).reshape(tokens, -1)
+    return runtime.call("rotary_store_kv", positions, q, k, v, inv_freq, head_dim, rotary_dim, k_cache, v_cache,
+                        slot_mapping)
+
+
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor,
            scale: float, sliding_window: int | None, softcap: float | None) -> torch.Tensor:
     """Causal (optionally windowed, soft-capped) attention for one sequence.
@@ -154,7 +170,7 @@ def paged_decode(q, k_cache, v_cache, attn, scale: float, sliding_window=None, s
 def register_kernels(register):
     for name, fn in (("rms_norm", rms_norm), ("add_rms_norm", add_rms_norm), ("gated_activation", gated_activation),
                      ("rotary_qk", rotary_qk), ("rotary", rotary), ("store_kv", store_kv),
-                     ("rotary_store_kv", rotary_store_kv),
+                     ("rotary_store_kv", rotary_store_kv), ("qk_norm_rotary_store_kv", qk_norm_rotary_store_kv),
                      ("varlen_attention", varlen_attention), ("paged_attention", paged_attention),
                      *RECURRENT_OPS):
         register(name, fn, device="any")

@@ -64,7 +64,8 @@ class Attention(nn.Module):
 
     Given a ``rotary`` embedding (and the tokens' ``positions``), it rotates q and k first: with a
     cache bound, in the op that also stores k and v (``rotary_store_kv``), else with ``rotary_qk``.
-    Whatever must happen to q and k before the rotation (per-head norms) happens before the call.
+    Per-head q/k norms given as ``qk_norm`` run before the rotation, with a cache bound in that same op
+    (``qk_norm_rotary_store_kv``); anything else that must happen to q and k happens before the call.
     """
 
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, *, scale: float,
@@ -76,12 +77,20 @@ class Attention(nn.Module):
         self.v_cache: torch.Tensor | None = None
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn: AttentionMetadata, *,
-                rotary: RotaryEmbedding | None = None, positions: torch.Tensor | None = None) -> torch.Tensor:
-        """q: [T, heads * head_dim], k and v: [T, kv_heads * head_dim]; returns [T, heads * head_dim]."""
+                rotary: RotaryEmbedding | None = None, positions: torch.Tensor | None = None,
+                qk_norm: tuple[nn.Module, nn.Module] | None = None) -> torch.Tensor:
+        """q: [T, heads * head_dim], k and v: [T, kv_heads * head_dim]; returns [T, heads * head_dim].
+        ``qk_norm``: (q_norm, k_norm) RMSNorms over each head's features, applied before the rotation."""
         tokens = q.shape[0]
-        if attn.slot_mapping is not None and self.k_cache is not None:
+        cached = attn.slot_mapping is not None and self.k_cache is not None
+        if qk_norm is not None and not (cached and rotary is not None):  # else the fused op below applies them
+            q = qk_norm[0](q.reshape(tokens, -1, self.head_dim)).reshape(tokens, -1)
+            k = qk_norm[1](k.reshape(tokens, -1, self.head_dim)).reshape(tokens, -1)
+            qk_norm = None
+        if cached:
             if rotary is not None:
-                q = rotary.forward_store(positions, q, k, v, self.k_cache, self.v_cache, attn.slot_mapping)
+                q = rotary.forward_store(positions, q, k, v, self.k_cache, self.v_cache, attn.slot_mapping,
+                                         qk_norm=qk_norm)
             else:
                 runtime.call("store_kv", self._heads(k, self.num_kv_heads), self._heads(v, self.num_kv_heads),
                              self.k_cache, self.v_cache, attn.slot_mapping)

@@ -64,8 +64,17 @@ class RotaryEmbedding(nn.Module):
         return runtime.call("rotary_qk", positions, q, k, self.inv_freq, self.head_dim, self.rotary_dim)
 
     def forward_store(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                      k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor) -> torch.Tensor:
+                      k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor,
+                      qk_norm: tuple[nn.Module, nn.Module] | None = None) -> torch.Tensor:
         """Rotated q, with the rotated k and v written into paged caches at ``slot_mapping``, as one op
-        (a kernel launch fewer than rotating, then storing). v: [tokens, kv_heads * head_dim]."""
-        return runtime.call("rotary_store_kv", positions, q, k, v, self.inv_freq, self.head_dim, self.rotary_dim,
-                            k_cache, v_cache, slot_mapping)
+        (a kernel launch fewer than rotating, then storing). v: [tokens, kv_heads * head_dim].
+
+        ``qk_norm``: per-head RMSNorms (``q_norm``, ``k_norm``, sharing eps and weight offset) applied
+        to q and k first, in the same op (on CUDA the same kernel)."""
+        if qk_norm is None:
+            return runtime.call("rotary_store_kv", positions, q, k, v, self.inv_freq, self.head_dim, self.rotary_dim,
+                                k_cache, v_cache, slot_mapping)
+        q_norm, k_norm = qk_norm
+        return runtime.call("qk_norm_rotary_store_kv", positions, q, k, v, q_norm.weight, k_norm.weight, q_norm.eps,
+                            q_norm.weight_offset, self.inv_freq, self.head_dim, self.rotary_dim, k_cache, v_cache,
+                            slot_mapping)

@@ -11,7 +11,8 @@ from ...core.hookspecs import hookimpl
 from ..triton_support import lazy_ops
 
 PRIORITY = 10
-TRITON_OPS = ("rms_norm", "add_rms_norm", "rotary_qk", "rotary_store_kv", "gated_activation")  # ops.OPS
+TRITON_OPS = ("rms_norm", "add_rms_norm", "rotary_qk", "rotary_store_kv", "qk_norm_rotary_store_kv",
+              "gated_activation")  # ops.OPS
 
 
 @hookimpl

@@ -76,7 +76,8 @@ def rotary_qk(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, inv_fre
         # k's destination as a one-slot-per-token "cache": slot t, PAGE 1, heads head_dim apart
         rotary_heads_kernel[(tokens, q_heads + k_heads)](
             positions, inv_freq, positions, q, k, k, q_out, k_out, k_out, q_heads, q.stride(0), k.stride(0),
-            k.stride(0), q_out.stride(0), k_out.stride(0), 0, head_dim, 0, 0, 0, PAGE=1, STORE_KV=False,
+            k.stride(0), q_out.stride(0), k_out.stride(0), 0, head_dim, 0, 0, 0, inv_freq, inv_freq, 0.0, 0.0,
+            PAGE=1, STORE_KV=False,
             **_rotary_config(head_dim, rotary_dim))
     return q_out, k_out
 
@@ -104,8 +105,8 @@ def _rotary_store_kv(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, 
         rotary_heads_kernel[(tokens, q_heads + kv_heads)](
             positions, inv_freq, slot_mapping, q, k, v, q_out, k_cache, v_cache, q_heads, q.stride(0), k.stride(0),
             v.stride(0), q_out.stride(0), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), v_cache.stride(0),
-            v_cache.stride(1), v_cache.stride(2), PAGE=k_cache.shape[1], STORE_KV=True,
-            **_rotary_config(head_dim, rotary_dim))
+            v_cache.stride(1), v_cache.stride(2), inv_freq, inv_freq, 0.0, 0.0, PAGE=k_cache.shape[1],
+            STORE_KV=True, **_rotary_config(head_dim, rotary_dim))
     return q_out
 
 
@@ -139,6 +140,39 @@ def _rotary_store_kv_supports(positions, q, k, v, inv_freq, head_dim, rotary_dim
 rotary_store_kv.supports = _rotary_store_kv_supports
 
 
+def qk_norm_rotary_store_kv(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                            q_weight: torch.Tensor, k_weight: torch.Tensor, eps: float, weight_offset: float,
+                            inv_freq: torch.Tensor, head_dim: int, rotary_dim: int, k_cache: torch.Tensor,
+                            v_cache: torch.Tensor, slot_mapping: torch.Tensor) -> torch.Tensor:
+    """The reference's ``qk_norm_rotary_store_kv`` in one kernel: each q and k head RMS-normalised, then
+    rotated; rotated q returned, rotated k and v stored. q and k are read where they lie (views of the
+    fused qkv output), so the two norm launches and the copies their reshapes made are gone."""
+    tokens = q.shape[0]
+    q_out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    q_heads, kv_heads = q.shape[1] // head_dim, k.shape[1] // head_dim
+    if tokens:
+        rotary_heads_kernel[(tokens, q_heads + kv_heads)](
+            positions, inv_freq, slot_mapping, q, k, v, q_out, k_cache, v_cache, q_heads, q.stride(0), k.stride(0),
+            v.stride(0), q_out.stride(0), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), v_cache.stride(0),
+            v_cache.stride(1), v_cache.stride(2), q_weight, k_weight, float(eps), float(weight_offset),
+            PAGE=k_cache.shape[1], STORE_KV=True, NORM=True, HAS_OFFSET=bool(weight_offset),
+            **_rotary_config(head_dim, rotary_dim))
+    return q_out
+
+
+def _qk_norm_supports(positions, q, k, v, q_weight, k_weight, eps, weight_offset, inv_freq, head_dim, rotary_dim,
+                      k_cache, v_cache, slot_mapping) -> bool:
+    # under torch.compile the reference's composition runs (its parts are custom ops that declare the cache writes)
+    return (not torch.compiler.is_compiling()
+            and _rotary_store_kv_supports(positions, q, k, v, inv_freq, head_dim, rotary_dim, k_cache, v_cache,
+                                          slot_mapping)
+            and all(w.is_cuda and w.dim() == 1 and w.shape[0] == head_dim and w.is_contiguous()
+                    and (bool(weight_offset) or w.dtype == q.dtype) for w in (q_weight, k_weight)))
+
+
+qk_norm_rotary_store_kv.supports = _qk_norm_supports
+
+
 def gated_activation(x: torch.Tensor, activation: str) -> torch.Tensor:
     flat = _rows(x)
     cols = flat.shape[1] // 2
@@ -156,4 +190,5 @@ gated_activation.supports = lambda x, activation: (
     and x.stride(-1) == 1 and x.reshape(-1, x.shape[-1]).stride(-1) == 1)
 
 OPS = {"rms_norm": rms_norm, "add_rms_norm": add_rms_norm, "rotary_qk": rotary_qk,
-       "rotary_store_kv": rotary_store_kv, "gated_activation": gated_activation}
+       "rotary_store_kv": rotary_store_kv, "qk_norm_rotary_store_kv": qk_norm_rotary_store_kv,
+       "gated_activation": gated_activation}

@@ -13,6 +13,8 @@ activation dtype's rounding (tests/test_fused_kernels.py).
 """
 from __future__ import annotations
 
+import os
+
 import triton
 import triton.language as tl
 
@@ -20,6 +22,8 @@ try:  # Triton >= 3.0
     from triton.language.extra import libdevice
 except ImportError:  # pragma: no cover - older Triton
     from triton.language.extra.cuda import libdevice
+
+LIBDEVICE = tl.constexpr(os.environ.get("TRITON_INTERPRET") != "1")  # the interpreter has none (tests on CPUs)
 
 
 @triton.jit
@@ -45,38 +49,68 @@ def rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, sum_ptr, n_cols, stride_x, s
 
 
 @triton.jit
-def _rotate_head(src, dst, cos, sin, HALF: tl.constexpr, BLOCK_HALF: tl.constexpr, PASS: tl.constexpr,
-                 BLOCK_PASS: tl.constexpr):
+def _rotate_head(src, dst, cos, sin, w_ptr, eps, offset, HEAD_DIM: tl.constexpr, HALF: tl.constexpr,
+                 BLOCK_HALF: tl.constexpr, PASS: tl.constexpr, BLOCK_PASS: tl.constexpr, NORM: tl.constexpr,
+                 HAS_OFFSET: tl.constexpr):
     """Rotate-half of one head ``src[0:2*HALF]`` into ``dst``; features past the rotary part are
     copied. The result is rounded to the source dtype (what the reference's output holds), then
-    to the destination's (a cache may hold another dtype, as ``store_kv`` casts)."""
+    to the destination's (a cache may hold another dtype, as ``store_kv`` casts).
+
+    With ``NORM`` the head is first RMS-normalised over its ``HEAD_DIM`` features with the weights
+    at ``w_ptr`` (Qwen3's and Gemma 3's q/k norms), rounded as ``rms_norm_kernel`` rounds, so the
+    rotation reads what the separate norm op would have written."""
     i = tl.arange(0, BLOCK_HALF)
     mask = i < HALF
     x1 = tl.load(src + i, mask=mask, other=0.0).to(tl.float32)
     x2 = tl.load(src + HALF + i, mask=mask, other=0.0).to(tl.float32)
     dtype = src.dtype.element_ty          # (a tuple assignment of dtypes does not compile in Triton 3.6)
     out_dtype = dst.dtype.element_ty
+    p = tl.arange(0, BLOCK_PASS)
+    pmask = p < PASS
+    if PASS > 0:
+        xp = tl.load(src + 2 * HALF + p, mask=pmask, other=0.0).to(tl.float32)
+    else:
+        xp = tl.zeros((BLOCK_PASS,), dtype=tl.float32)
+    if NORM:
+        total = tl.sum(x1 * x1, axis=0) + tl.sum(x2 * x2, axis=0) + tl.sum(xp * xp, axis=0)
+        inv = 1.0 / tl.sqrt(total / HEAD_DIM + eps)
+        x1 = _norm_scale(src, x1, inv, tl.load(w_ptr + i, mask=mask, other=0.0), offset, HAS_OFFSET)
+        x2 = _norm_scale(src, x2, inv, tl.load(w_ptr + HALF + i, mask=mask, other=0.0), offset, HAS_OFFSET)
+        xp = _norm_scale(src, xp, inv, tl.load(w_ptr + 2 * HALF + p, mask=pmask, other=0.0), offset, HAS_OFFSET)
     tl.store(dst + i, (x1 * cos - x2 * sin).to(dtype).to(out_dtype), mask=mask)
     tl.store(dst + HALF + i, (x2 * cos + x1 * sin).to(dtype).to(out_dtype), mask=mask)
     if PASS > 0:
-        p = tl.arange(0, BLOCK_PASS)
-        pmask = p < PASS
-        tl.store(dst + 2 * HALF + p, tl.load(src + 2 * HALF + p, mask=pmask).to(out_dtype), mask=pmask)
+        tl.store(dst + 2 * HALF + p, xp.to(dtype).to(out_dtype), mask=pmask)
+
+
+@triton.jit
+def _norm_scale(src, x, inv, w, offset, HAS_OFFSET: tl.constexpr):
+    """``rms_norm_kernel``'s output for features ``x`` of a row with ``inv = 1 / rms``, as float32
+    holding the value the norm op would store in ``src``'s dtype."""
+    dtype = src.dtype.element_ty
+    if HAS_OFFSET:  # Gemma: (offset + w) in float32, one rounding at the end
+        out = x * inv * (offset + w.to(tl.float32))
+    else:  # Llama/Qwen: the normalised value is rounded before the weight multiplies it
+        out = (x * inv).to(dtype).to(tl.float32) * w.to(tl.float32)
+    return out.to(dtype).to(tl.float32)
 
 
 @triton.jit
 def rotary_heads_kernel(pos_ptr, inv_freq_ptr, slot_ptr, q_ptr, k_ptr, v_ptr, q_out_ptr, k_out_ptr, v_out_ptr,
                         q_heads, stride_q, stride_k, stride_v, stride_qo,
                         stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
+                        qw_ptr, kw_ptr, eps, offset,
                         HEAD_DIM: tl.constexpr, HALF: tl.constexpr, BLOCK_HALF: tl.constexpr, PASS: tl.constexpr,
                         BLOCK_PASS: tl.constexpr, BLOCK_D: tl.constexpr, PAGE: tl.constexpr,
-                        STORE_KV: tl.constexpr):
+                        STORE_KV: tl.constexpr, NORM: tl.constexpr = False, HAS_OFFSET: tl.constexpr = False):
     """Program (token t, head h): rotates q head h (h < q_heads) into ``q_out[t]``, or kv head
     ``h - q_heads`` of k into its destination, and with ``STORE_KV`` copies v's head there too.
 
     k's destination is ``k_out + (s // PAGE) * stride_kb + (s % PAGE) * stride_ks + head * stride_kh``
     with ``s`` the token's cache slot (``slot_ptr[t]``; < 0 is padding and writes nothing) when
     ``STORE_KV``, else ``s = t`` with ``PAGE = 1`` (a plain [T, kv_heads * head_dim] output).
+    With ``NORM`` each q head is RMS-normalised with ``qw`` and each k head with ``kw`` first (``eps``,
+    and Gemma's weight ``offset`` with ``HAS_OFFSET``); v is never normalised.
 
     Why one head per program: at decode a token's q and k are a few KB, and a single program
     rotating them all (the previous kernel) ran its loads and stores one after another (3.5 us
@@ -90,10 +124,13 @@ def rotary_heads_kernel(pos_ptr, inv_freq_ptr, slot_ptr, q_ptr, k_ptr, v_ptr, q_
     i = tl.arange(0, BLOCK_HALF)
     freq = tl.load(inv_freq_ptr + i, mask=i < HALF, other=0.0).to(tl.float32)
     angle = tl.load(pos_ptr + row).to(tl.float32) * freq
-    cos, sin = libdevice.cos(angle), libdevice.sin(angle)   # accurate for large angles, unlike sin.approx
+    if LIBDEVICE:
+        cos, sin = libdevice.cos(angle), libdevice.sin(angle)   # accurate for large angles, unlike sin.approx
+    else:  # Triton's interpreter has no libdevice; its tl.cos/tl.sin are numpy's (accurate too)
+        cos, sin = tl.cos(angle), tl.sin(angle)
     if head < q_heads:
         _rotate_head(q_ptr + row * stride_q + head * HEAD_DIM, q_out_ptr + row * stride_qo + head * HEAD_DIM,
-                     cos, sin, HALF, BLOCK_HALF, PASS, BLOCK_PASS)
+                     cos, sin, qw_ptr, eps, offset, HEAD_DIM, HALF, BLOCK_HALF, PASS, BLOCK_PASS, NORM, HAS_OFFSET)
     else:
         kv = head - q_heads
         if STORE_KV:
@@ -101,15 +138,15 @@ def rotary_heads_kernel(pos_ptr, inv_freq_ptr, slot_ptr, q_ptr, k_ptr, v_ptr, q_
         else:
             slot = row
         if slot >= 0:
-            block, offset = slot // PAGE, slot % PAGE
+            block, page_offset = slot // PAGE, slot % PAGE
             _rotate_head(k_ptr + row * stride_k + kv * HEAD_DIM,
-                         k_out_ptr + block * stride_kb + offset * stride_ks + kv * stride_kh,
-                         cos, sin, HALF, BLOCK_HALF, PASS, BLOCK_PASS)
+                         k_out_ptr + block * stride_kb + page_offset * stride_ks + kv * stride_kh,
+                         cos, sin, kw_ptr, eps, offset, HEAD_DIM, HALF, BLOCK_HALF, PASS, BLOCK_PASS, NORM, HAS_OFFSET)
             if STORE_KV:
                 d = tl.arange(0, BLOCK_D)
                 dmask = d < HEAD_DIM
                 value = tl.load(v_ptr + row * stride_v + kv * HEAD_DIM + d, mask=dmask)
-                tl.store(v_out_ptr + block * stride_vb + offset * stride_vs + kv * stride_vh + d,
+                tl.store(v_out_ptr + block * stride_vb + page_offset * stride_vs + kv * stride_vh + d,
                          value.to(v_out_ptr.dtype.element_ty), mask=dmask)
 
 

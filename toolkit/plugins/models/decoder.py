@@ -60,12 +60,9 @@ class DecoderAttention(nn.Module):
 
     def forward(self, positions: torch.Tensor, hidden: torch.Tensor, attn: AttentionMetadata) -> torch.Tensor:
         q, k, v = self.qkv_proj.split(self.qkv_proj(hidden))
-        if self.qk_norm:
-            tokens, hd = q.shape[0], self.attn.head_dim
-            q = self.q_norm(q.reshape(tokens, -1, hd)).reshape(tokens, -1)
-            k = self.k_norm(k.reshape(tokens, -1, hd)).reshape(tokens, -1)
-        # rotary runs inside attention: with a KV cache, in the same op that stores k and v
-        return self.o_proj(self.attn(q, k, v, attn, rotary=self.rotary, positions=positions))
+        # the q/k norms and rotary run inside attention: with a KV cache, in the one op that stores k and v
+        qk_norm = (self.q_norm, self.k_norm) if self.qk_norm else None
+        return self.o_proj(self.attn(q, k, v, attn, rotary=self.rotary, positions=positions, qk_norm=qk_norm))
 
 
 class GatedMLP(nn.Module):
