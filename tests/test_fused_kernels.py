@@ -63,6 +63,19 @@ def test_rotary_qk_on_views_of_a_fused_qkv(ops, dtype, heads, kv_heads, head_dim
         assert torch.equal(out_q.reshape(tokens, heads, head_dim)[..., rotary_dim:], tail)
 
 
+def paged_case(gen, dtype, tokens: int, heads: int, kv_heads: int, head_dim: int, rotary_dim: int, scale: float = 1.0):
+    """Views q, k, v of one fused qkv row per token, positions, inv_freq, cache slots (every fifth -1:
+    padding) and two copies of a pair of paged caches filled with 7.0."""
+    qkv = (torch.randn(tokens, (heads + 2 * kv_heads) * head_dim, generator=gen, device="cuda") * scale).to(dtype)
+    qkv_views = qkv.split([heads * head_dim, kv_heads * head_dim, kv_heads * head_dim], dim=-1)
+    positions = torch.randint(0, 8000, (tokens,), generator=gen, device="cuda")
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, rotary_dim, 2, device="cuda").float() / rotary_dim))
+    slots = torch.randperm(4 * 16, generator=gen, device="cuda")[:tokens]
+    slots[::5] = -1
+    mine = [torch.full((4, 16, kv_heads, head_dim), 7.0, dtype=dtype, device="cuda") for _ in range(2)]
+    return qkv_views, positions, inv_freq, slots, mine, [cache.clone() for cache in mine]
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("heads,kv_heads,head_dim,rotary_dim",
                          [(12, 2, 128, 128), (8, 2, 64, 32), (4, 4, 80, 80), (4, 1, 256, 256)])
@@ -70,14 +83,8 @@ def test_rotary_qk_on_views_of_a_fused_qkv(ops, dtype, heads, kv_heads, head_dim
 def test_rotary_store_kv_matches_rotary_then_store(ops, dtype, heads, kv_heads, head_dim, rotary_dim, tokens):
     """Rotated q returned, rotated k and v in the paged caches, padding slots (-1) untouched."""
     gen = torch.Generator(device="cuda").manual_seed(heads * 1000 + head_dim + tokens)
-    qkv = torch.randn(tokens, (heads + 2 * kv_heads) * head_dim, generator=gen, device="cuda").to(dtype)
-    q, k, v = qkv.split([heads * head_dim, kv_heads * head_dim, kv_heads * head_dim], dim=-1)
-    positions = torch.randint(0, 8000, (tokens,), generator=gen, device="cuda")
-    inv_freq = 1.0 / (10000 ** (torch.arange(0, rotary_dim, 2, device="cuda").float() / rotary_dim))
-    slots = torch.randperm(4 * 16, generator=gen, device="cuda")[:tokens]
-    slots[::5] = -1
-    mine = [torch.full((4, 16, kv_heads, head_dim), 7.0, dtype=dtype, device="cuda") for _ in range(2)]
-    theirs = [cache.clone() for cache in mine]
+    (q, k, v), positions, inv_freq, slots, mine, theirs = paged_case(gen, dtype, tokens, heads, kv_heads, head_dim,
+                                                                     rotary_dim)
     args = (positions, q, k, v, inv_freq, head_dim, rotary_dim)
     assert ops.rotary_store_kv.supports(*args, *mine, slots)
     q_rot = ops.rotary_store_kv(*args, *mine, slots)
@@ -98,15 +105,9 @@ def test_qk_norm_rotary_store_kv_matches_norms_then_rotary_store(ops, dtype, hea
     """Qwen3's / Gemma 3's q and k norms in the rotary + KV-store kernel, on views of a fused qkv row, against
     the reference norms of every head followed by the reference rotary_store_kv."""
     gen = torch.Generator(device="cuda").manual_seed(heads * 1000 + head_dim + tokens + int(offset))
-    qkv = (torch.randn(tokens, (heads + 2 * kv_heads) * head_dim, generator=gen, device="cuda") * 3).to(dtype)
-    q, k, v = qkv.split([heads * head_dim, kv_heads * head_dim, kv_heads * head_dim], dim=-1)
+    (q, k, v), positions, inv_freq, slots, mine, theirs = paged_case(gen, dtype, tokens, heads, kv_heads, head_dim,
+                                                                     rotary_dim, scale=3.0)
     weights = [(1 + 0.3 * torch.randn(head_dim, generator=gen, device="cuda")).to(dtype) for _ in range(2)]
-    positions = torch.randint(0, 8000, (tokens,), generator=gen, device="cuda")
-    inv_freq = 1.0 / (10000 ** (torch.arange(0, rotary_dim, 2, device="cuda").float() / rotary_dim))
-    slots = torch.randperm(4 * 16, generator=gen, device="cuda")[:tokens]
-    slots[::5] = -1
-    mine = [torch.full((4, 16, kv_heads, head_dim), 7.0, dtype=dtype, device="cuda") for _ in range(2)]
-    theirs = [cache.clone() for cache in mine]
     args = (positions, q, k, v, *weights, 1e-6, offset, inv_freq, head_dim, rotary_dim)
     assert ops.qk_norm_rotary_store_kv.supports(*args, *mine, slots)
     q_rot = ops.qk_norm_rotary_store_kv(*args, *mine, slots)

@@ -68,3 +68,23 @@ def test_norm_rotary_and_store_in_one_kernel(dtype, tolerance, head_dim, rotary_
     unnormalised = reference.rotary_store_kv(positions, q, k, v, inv_freq, head_dim, rotary_dim,
                                              *[c.clone() for c in theirs], slots)
     assert not torch.allclose(got, unnormalised, atol=1e-2)          # the norms changed the result
+
+
+@here
+@pytest.mark.parametrize("head_dim,rotary_dim", [(64, 64), (64, 32)])
+def test_rotary_store_without_norms_shares_the_launch(head_dim, rotary_dim):
+    """``rotary_store_kv`` goes through the same launch with the norm off: the reference's values."""
+    heads, kv_heads, tokens = 4, 2, 3
+    gen = torch.Generator().manual_seed(head_dim + rotary_dim)
+    qkv = torch.randn(tokens, (heads + 2 * kv_heads) * head_dim, generator=gen)
+    q, k, v = qkv.split([heads * head_dim, kv_heads * head_dim, kv_heads * head_dim], dim=-1)
+    positions, slots = torch.tensor([5, 900, 17]), torch.tensor([9, -1, 30])
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, rotary_dim, 2).float() / rotary_dim))
+    mine = [torch.full((4, 16, kv_heads, head_dim), 7.0) for _ in range(2)]
+    theirs = [cache.clone() for cache in mine]
+    args = (positions, q, k, v, inv_freq, head_dim, rotary_dim)
+    got = ops.rotary_store_kv(*args, *mine, slots)
+    expected = reference.rotary_store_kv(*args, *theirs, slots)
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(mine[0], theirs[0], atol=1e-5, rtol=1e-5)
+    assert torch.equal(mine[1], theirs[1])

@@ -98,15 +98,24 @@ def _rotary_store_kv(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, 
                      inv_freq: torch.Tensor, head_dim: int, rotary_dim: int, k_cache: torch.Tensor,
                      v_cache: torch.Tensor, slot_mapping: torch.Tensor) -> torch.Tensor:
     """The reference's ``rotary_store_kv`` in one kernel: rotated q returned, rotated k and v stored."""
+    return _launch_store(positions, q, k, v, inv_freq, head_dim, rotary_dim, k_cache, v_cache, slot_mapping, None)
+
+
+def _launch_store(positions, q, k, v, inv_freq, head_dim: int, rotary_dim: int, k_cache, v_cache, slot_mapping,
+                  norm: tuple | None) -> torch.Tensor:
+    """``rotary_heads_kernel`` storing into the paged caches; ``norm``: (q_weight, k_weight, eps,
+    weight_offset) RMS-normalises every q and k head first."""
     tokens = q.shape[0]
     q_out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     q_heads, kv_heads = q.shape[1] // head_dim, k.shape[1] // head_dim
+    q_weight, k_weight, eps, offset = norm if norm is not None else (inv_freq, inv_freq, 0.0, 0.0)  # unread without
     if tokens:
         rotary_heads_kernel[(tokens, q_heads + kv_heads)](
             positions, inv_freq, slot_mapping, q, k, v, q_out, k_cache, v_cache, q_heads, q.stride(0), k.stride(0),
             v.stride(0), q_out.stride(0), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), v_cache.stride(0),
-            v_cache.stride(1), v_cache.stride(2), inv_freq, inv_freq, 0.0, 0.0, PAGE=k_cache.shape[1],
-            STORE_KV=True, **_rotary_config(head_dim, rotary_dim))
+            v_cache.stride(1), v_cache.stride(2), q_weight, k_weight, float(eps), float(offset),
+            PAGE=k_cache.shape[1], STORE_KV=True, NORM=norm is not None, HAS_OFFSET=bool(offset),
+            **_rotary_config(head_dim, rotary_dim))
     return q_out
 
 
@@ -147,17 +156,8 @@ def qk_norm_rotary_store_kv(positions: torch.Tensor, q: torch.Tensor, k: torch.T
     """The reference's ``qk_norm_rotary_store_kv`` in one kernel: each q and k head RMS-normalised, then
     rotated; rotated q returned, rotated k and v stored. q and k are read where they lie (views of the
     fused qkv output), so the two norm launches and the copies their reshapes made are gone."""
-    tokens = q.shape[0]
-    q_out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    q_heads, kv_heads = q.shape[1] // head_dim, k.shape[1] // head_dim
-    if tokens:
-        rotary_heads_kernel[(tokens, q_heads + kv_heads)](
-            positions, inv_freq, slot_mapping, q, k, v, q_out, k_cache, v_cache, q_heads, q.stride(0), k.stride(0),
-            v.stride(0), q_out.stride(0), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), v_cache.stride(0),
-            v_cache.stride(1), v_cache.stride(2), q_weight, k_weight, float(eps), float(weight_offset),
-            PAGE=k_cache.shape[1], STORE_KV=True, NORM=True, HAS_OFFSET=bool(weight_offset),
-            **_rotary_config(head_dim, rotary_dim))
-    return q_out
+    return _launch_store(positions, q, k, v, inv_freq, head_dim, rotary_dim, k_cache, v_cache, slot_mapping,
+                         (q_weight, k_weight, eps, weight_offset))
 
 
 def _qk_norm_supports(positions, q, k, v, q_weight, k_weight, eps, weight_offset, inv_freq, head_dim, rotary_dim,
