@@ -57,8 +57,9 @@ async def until(condition, timeout: float = 10.0) -> None:
     raise TimeoutError
 
 
-def test_abort_frees_kv_blocks_and_state_slot_at_once(loaded):
-    llm = LLM(loaded, max_num_seqs=4)
+@pytest.mark.parametrize("run_ahead", [False, True], ids=["sync", "ahead"])
+def test_abort_frees_kv_blocks_and_state_slot_at_once(loaded, run_ahead):
+    llm = LLM(loaded, max_num_seqs=4, run_ahead=run_ahead)  # running ahead (a CUDA engine's default) too
     # an engine with a state pool (as hybrid models have): the scheduler takes a slot per running request
     llm.scheduler.state_pool = StatePool(4, {"state": ((8,), torch.float32)})
     counter = TokenCounter()
@@ -124,3 +125,27 @@ def test_a_failing_step_fails_the_requests_in_flight_and_the_loop_goes_on(loaded
     assert error.status == 500
     assert [d.finished for d in deltas] == [True] and deltas[0].num_output_tokens == 4
     assert engine_loop.stats["kv_blocks_used"] == 0
+
+
+def test_concurrent_streams_with_run_ahead_give_the_synchronous_tokens(loaded):
+    """The server's engine thread drives an engine that runs ahead (engine/run_ahead.py, the default on
+    CUDA): requests joining and leaving at different steps get the tokens the synchronous engine gives."""
+    prompts = [list(range(3, 3 + n)) for n in (9, 30, 4)]
+    params = [SamplingParams(max_tokens=n, temperature=0, ignore_eos=True) for n in (12, 5, 20)]
+    expected = [o.token_ids for o in LLM(loaded, max_num_seqs=4, run_ahead=False).generate(prompts, params)]
+    llm = LLM(loaded, max_num_seqs=4, run_ahead=True)
+    ahead, schedule_ahead = [], llm.scheduler.schedule_ahead
+    llm.scheduler.schedule_ahead = lambda items: ahead.append(len(items)) or schedule_ahead(items)
+    engine_loop = EngineLoop(llm)
+
+    async def collect(prompt, param, delay):
+        await asyncio.sleep(delay)  # the later requests join while others decode
+        group = engine_loop.submit([Submission(0, lambda: prompt, param, param.max_tokens)], stream=True)
+        await group.start()
+        return [t for delta in [d async for d in group.deltas()] for t in delta.token_ids]
+
+    async def scenario():
+        return await asyncio.gather(*(collect(p, q, 0.05 * i) for i, (p, q) in enumerate(zip(prompts, params))))
+
+    assert run_with_loop(engine_loop, scenario) == expected
+    assert ahead and engine_loop.stats["kv_blocks_used"] == 0
