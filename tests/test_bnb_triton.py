@@ -15,12 +15,10 @@ run this code); and its ``tl.dot`` on bfloat16 operands returns garbage, so the 
 """
 from __future__ import annotations
 
-import importlib
-
 import pytest
 import torch
 
-from triton_interpreter import rerun_in_fresh_process, start_interpreter
+from triton_interpreter import interpreted_modules, rerun_in_fresh_process, start_interpreter
 
 INTERPRETED = start_interpreter("test_bnb_triton_gpu.py")
 from bitsandbytes.functional import (dequantize_4bit, int8_vectorwise_dequant, int8_vectorwise_quant,  # noqa: E402
@@ -30,11 +28,7 @@ here = pytest.mark.skipif(not INTERPRETED, reason="Triton was imported compiled;
 
 
 if INTERPRETED:
-    ops = importlib.import_module("toolkit.kernels.bnb.triton_ops")
-    if type(importlib.import_module("toolkit.kernels.bnb.triton_kernels").nf4_matmul_kernel).__name__ != \
-            "InterpretedFunction":
-        importlib.reload(importlib.import_module("toolkit.kernels.bnb.triton_kernels"))
-        ops = importlib.reload(ops)
+    _, ops = interpreted_modules("toolkit.kernels.bnb.triton_kernels", "toolkit.kernels.bnb.triton_ops")
 
 
 @pytest.mark.skipif(INTERPRETED, reason="this process runs the tests itself")

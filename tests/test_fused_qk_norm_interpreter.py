@@ -8,12 +8,10 @@ earlier, one test runs this file in a fresh process with the interpreter on (tes
 """
 from __future__ import annotations
 
-import importlib
-
 import pytest
 import torch
 
-from triton_interpreter import rerun_in_fresh_process, start_interpreter
+from triton_interpreter import interpreted_modules, rerun_in_fresh_process, start_interpreter
 
 INTERPRETED = start_interpreter("test_fused_kernels.py")
 from toolkit.kernels import reference  # noqa: E402
@@ -21,11 +19,7 @@ from toolkit.kernels import reference  # noqa: E402
 here = pytest.mark.skipif(not INTERPRETED, reason="Triton was imported compiled; run in a fresh process")
 
 if INTERPRETED:
-    ops = importlib.import_module("toolkit.kernels.fused.ops")
-    if type(importlib.import_module("toolkit.kernels.fused.triton_kernels").rotary_heads_kernel).__name__ != \
-            "InterpretedFunction":
-        importlib.reload(importlib.import_module("toolkit.kernels.fused.triton_kernels"))
-        ops = importlib.reload(ops)
+    _, ops = interpreted_modules("toolkit.kernels.fused.triton_kernels", "toolkit.kernels.fused.ops")
 
 
 @pytest.mark.skipif(INTERPRETED, reason="this process runs the tests itself")

@@ -11,20 +11,16 @@ process instead. Loops with loaded bounds run under numpy >= 2.4 through
 """
 from __future__ import annotations
 
-import importlib
-
 import pytest
 import torch
 
-from triton_interpreter import rerun_in_fresh_process, start_interpreter
+from triton_interpreter import interpreted_modules, rerun_in_fresh_process, start_interpreter
 from toolkit.kernels import recurrent_reference as ref
 
 INTERPRETED = start_interpreter("test_gdn_prefill_gpu.py")
 here = pytest.mark.skipif(not INTERPRETED, reason="Triton was imported compiled; run in a fresh process")
 if INTERPRETED:
-    tp = importlib.import_module("toolkit.kernels.recurrent.triton_prefill")
-    if type(tp._gdr_chunk_scan).__name__ != "InterpretedFunction":
-        tp = importlib.reload(tp)
+    (tp,) = interpreted_modules("toolkit.kernels.recurrent.triton_prefill")
 
 
 @pytest.mark.skipif(INTERPRETED, reason="this process runs the tests itself")

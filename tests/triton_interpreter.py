@@ -73,13 +73,23 @@ GGUF_CHAIN = ("toolkit.kernels.gguf.triton_words", "toolkit.kernels.gguf.triton_
               "toolkit.kernels.gguf_moe.triton_moe")
 
 
-def interpreted_gguf_chain() -> None:
-    """Make the GGUF and MoE kernel modules run under the interpreter: reload the whole chain, in order,
-    if any of its kernels was imported compiled."""
+def interpreted_modules(*names: str) -> list:
+    """The modules ``names`` (given in import order), with their kernels running under the interpreter:
+    if any jit function one of them defines was bound compiled (an earlier test file imported it), all
+    of them are reloaded, in order, so each rebinds the names it imports from the ones before it."""
     import importlib  # noqa: PLC0415
 
-    modules = [importlib.import_module(name) for name in GGUF_CHAIN]
-    kernels = (modules[3].mmq_kernel, modules[6].route_kernel, modules[7].gguf_moe_mmq_kernel)
-    if any(type(kernel).__name__ != "InterpretedFunction" for kernel in kernels):
-        for name in GGUF_CHAIN:
-            importlib.reload(importlib.import_module(name))
+    modules = [importlib.import_module(name) for name in names]
+
+    def compiled(module) -> bool:
+        return any(type(value).__name__ == "JITFunction" and value.__module__ == module.__name__
+                   for value in vars(module).values())
+
+    if any(compiled(module) for module in modules):
+        modules = [importlib.reload(module) for module in modules]
+    return modules
+
+
+def interpreted_gguf_chain() -> None:
+    """Make the GGUF and MoE kernel modules run under the interpreter (``interpreted_modules``)."""
+    interpreted_modules(*GGUF_CHAIN)
