@@ -104,10 +104,11 @@ class LLM:
         logger.info("engine cache: %s", format_memory_report(self.memory_report()))
         self.sampler = Sampler(self.device, seed=_default_seed(seed, model))
         self.detokenizer = Detokenizer(self.tokenizer)
-        # run ahead (engine/run_ahead.py) where the model and sampling live on one CUDA device
-        self.run_ahead = (is_local and self.device.type == "cuda") if run_ahead is None else bool(run_ahead)
-        if run_ahead is None and os.environ.get("TOOLKIT_RUN_AHEAD") in ("0", "1"):
-            self.run_ahead = is_local and os.environ["TOOLKIT_RUN_AHEAD"] == "1"
+        # run ahead (engine/run_ahead.py) by default where the model and sampling live on one CUDA device
+        if run_ahead is None:
+            setting = os.environ.get("TOOLKIT_RUN_AHEAD")
+            run_ahead = is_local and (setting == "1" if setting in ("0", "1") else self.device.type == "cuda")
+        self.run_ahead = bool(run_ahead)
         if self.run_ahead and not is_local:
             raise ValueError("run_ahead needs a model in this process (a tensor-parallel handle returns logits to the host)")
         self._ahead: PendingStep | None = None
