@@ -19,7 +19,8 @@ from toolkit.kernels import reference  # noqa: E402
 here = pytest.mark.skipif(not INTERPRETED, reason="Triton was imported compiled; run in a fresh process")
 
 if INTERPRETED:
-    _, ops = interpreted_modules("toolkit.kernels.fused.triton_kernels", "toolkit.kernels.fused.ops")
+    _, _, ops = interpreted_modules("toolkit.kernels.triton_int8", "toolkit.kernels.fused.triton_kernels",
+                                    "toolkit.kernels.fused.ops")
 
 
 @pytest.mark.skipif(INTERPRETED, reason="this process runs the tests itself")

@@ -67,7 +67,7 @@ def start_interpreter(gpu_tests: str) -> bool:
 
 # The GGUF and MoE kernel modules in import order: a module's jit functions are bound when it is imported,
 # so one imported compiled (by an earlier test file) makes every later one in the chain compiled too.
-GGUF_CHAIN = ("toolkit.kernels.gguf.triton_words", "toolkit.kernels.gguf.triton_dp4a",
+GGUF_CHAIN = ("toolkit.kernels.triton_int8", "toolkit.kernels.gguf.triton_words", "toolkit.kernels.gguf.triton_dp4a",
               "toolkit.kernels.gguf.triton_kernels", "toolkit.kernels.gguf.triton_mmq",
               "toolkit.kernels.gguf.triton_ops", "toolkit.kernels.triton_reduce", "toolkit.kernels.moe_triton",
               "toolkit.kernels.gguf_moe.triton_moe")

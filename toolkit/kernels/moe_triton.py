@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from . import runtime
+from .int8_blocks import Int8Input, gated
 from .triton_reduce import sum_middle
 
 # Up to this many routes, one route per program (BM=1, no sorting); ``TOOLKIT_MOE_DECODE_ROUTES``
@@ -124,15 +124,17 @@ def block_rows(routes: int, large: tuple[int, int] | None = None) -> int:
 
 
 def run_moe(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, num_experts: int, inter: int,
-            matmul, activation: str, large_blocks: tuple[int, int] | None = None) -> torch.Tensor:
+            matmul, activation: str, large_blocks: tuple[int, int] | None = None,
+            hidden_int8: Int8Input | None = None) -> torch.Tensor:
     """The four steps, with ``matmul(a, which, out_cols, route, block_expert, weights, bm)`` doing one
     grouped projection (``which``: "gate_up" with per-token rows, "down" with per-route rows);
-    ``large_blocks``: see ``block_rows``."""
+    ``large_blocks``: see ``block_rows``; ``hidden_int8``: the int8 blocks ``down`` reads, written by the
+    gated activation's kernel (``int8_blocks``)."""
     tokens, top_k = topk_ids.shape
     bm = block_rows(tokens * top_k, large_blocks)
     route, block_expert = align_routes(topk_ids, num_experts, bm)
     gate_up = matmul(x, "gate_up", 2 * inter, route, block_expert, None, bm, top_k)
-    hidden = runtime.call("gated_activation", gate_up, activation)   # one fused kernel on CUDA
+    hidden = gated(gate_up, activation, hidden_int8)   # one fused kernel on CUDA
     weights = topk_weights.reshape(-1).float().contiguous()
     down = matmul(hidden.contiguous(), "down", x.shape[-1], route, block_expert, weights, bm, top_k)
     return sum_middle(down.view(tokens, top_k, -1), x.dtype)              # float32, routes in order

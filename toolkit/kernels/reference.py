@@ -8,6 +8,7 @@ import torch
 
 from ..core.hookspecs import hookimpl
 from . import runtime
+from .int8_blocks import quantize_reference
 from .recurrent_reference import OPS as RECURRENT_OPS
 
 
@@ -31,6 +32,25 @@ def gated_activation(x: torch.Tensor, activation: str) -> torch.Tensor:
     """``act(gate) * up`` for ``x = [gate | up]`` along the last dim (a gated MLP's middle)."""
     gate, up = x.chunk(2, dim=-1)
     return GATED_ACTIVATIONS[activation](gate) * up
+
+
+def rms_norm_int8(x: torch.Tensor, weight: torch.Tensor, eps: float, weight_offset: float, sums: bool):
+    """``rms_norm`` and its output rounded to int8 blocks (``int8_blocks``): ``(out, words, scales, sums or None)``."""
+    out = rms_norm(x, weight, eps, weight_offset)
+    return (out, *quantize_reference(out.reshape(-1, out.shape[-1]), sums))
+
+
+def add_rms_norm_int8(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
+                      weight_offset: float, sums: bool):
+    """``add_rms_norm`` and the normalised output's int8 blocks: ``(out, total, words, scales, sums or None)``."""
+    out, total = add_rms_norm(x, residual, weight, eps, weight_offset)
+    return (out, total, *quantize_reference(out.reshape(-1, out.shape[-1]), sums))
+
+
+def gated_activation_int8(x: torch.Tensor, activation: str, sums: bool):
+    """``gated_activation`` and its output's int8 blocks: ``(out, words, scales, sums or None)``."""
+    out = gated_activation(x, activation)
+    return (out, *quantize_reference(out.reshape(-1, out.shape[-1]), sums))
 
 
 GATED_ACTIVATIONS = {"silu": torch.nn.functional.silu,
@@ -169,6 +189,8 @@ def paged_decode(q, k_cache, v_cache, attn, scale: float, sliding_window=None, s
 @hookimpl
 def register_kernels(register):
     for name, fn in (("rms_norm", rms_norm), ("add_rms_norm", add_rms_norm), ("gated_activation", gated_activation),
+                     ("rms_norm_int8", rms_norm_int8), ("add_rms_norm_int8", add_rms_norm_int8),
+                     ("gated_activation_int8", gated_activation_int8),
                      ("rotary_qk", rotary_qk), ("rotary", rotary), ("store_kv", store_kv),
                      ("rotary_store_kv", rotary_store_kv), ("qk_norm_rotary_store_kv", qk_norm_rotary_store_kv),
                      ("varlen_attention", varlen_attention), ("paged_attention", paged_attention),

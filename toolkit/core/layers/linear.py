@@ -37,6 +37,15 @@ class LinearBase(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.scheme.apply(self, x, self.bias)
 
+    def int8_input(self, tokens: int):
+        """What the scheme's matmul reads for ``tokens`` rows besides x: ``Int8Input`` (int8 blocks its
+        producer may write, ``kernels/int8_blocks.py``) or None. Asked once per token count (after loading)."""
+        cache = self.__dict__.setdefault("_int8_inputs", {})
+        if tokens not in cache:
+            ask = getattr(self.scheme, "int8_input", None)
+            cache[tokens] = ask(self, tokens) if ask is not None else None
+        return cache[tokens]
+
     def load_weight(self, param_name: str, loaded, shard_id: int | None) -> None:
         raise NotImplementedError
 

@@ -77,6 +77,15 @@ class FusedMoE(nn.Module):
             topk_weights, topk_ids = self._local_routes(topk_weights, topk_ids)
         return self.parallel.all_reduce(self.scheme.apply_moe(self, x, topk_weights, topk_ids))
 
+    def int8_input(self, tokens: int, top_k: int):
+        """What the scheme's experts read of x for ``tokens`` rows routed to ``top_k`` experts each
+        (``kernels/int8_blocks.py``), or None. Asked once per token count (after loading)."""
+        cache = self.__dict__.setdefault("_int8_inputs", {})
+        if (tokens, top_k) not in cache:
+            ask = getattr(self.scheme, "moe_int8_input", None)
+            cache[tokens, top_k] = ask(self, tokens, top_k) if ask is not None else None
+        return cache[tokens, top_k]
+
     def _local_routes(self, topk_weights, topk_ids):
         """Routes to other ranks' experts get weight 0 (and a valid local id) on this rank."""
         local = topk_ids - self.first_expert

@@ -1,10 +1,16 @@
-"""RMSNorm through the kernel runtime. ``weight_offset=1.0`` gives Gemma's ``x * (1 + w)``."""
+"""RMSNorm through the kernel runtime. ``weight_offset=1.0`` gives Gemma's ``x * (1 + w)``.
+
+``feeds``: the module the normalised output goes to (a linear layer, an attention or MLP block). When it
+reads activations rounded to int8 blocks (``int8_input``, see ``kernels/int8_blocks.py``: some quantized decode
+kernels), the norm's kernel writes them too and they travel with the output, saving the consumer a launch.
+"""
 from __future__ import annotations
 
 import torch
 from torch import nn
 
 from ...kernels import runtime
+from ...kernels.int8_blocks import attach, requested
 from ..params import ModelParameter
 
 
@@ -15,12 +21,21 @@ class RMSNorm(nn.Module):
         self.eps, self.weight_offset = eps, weight_offset
         self.weight = ModelParameter(torch.ones(hidden_size, dtype=dtype))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return runtime.call("rms_norm", x, self.weight, self.eps, self.weight_offset)
+    def forward(self, x: torch.Tensor, feeds=None) -> torch.Tensor:
+        request = requested(feeds, x.numel() // x.shape[-1])
+        if request is None:
+            return runtime.call("rms_norm", x, self.weight, self.eps, self.weight_offset)
+        out, *blocks = runtime.call("rms_norm_int8", x, self.weight, self.eps, self.weight_offset, request.sums)
+        return attach(out, *blocks)
 
-    def forward_add(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward_add(self, x: torch.Tensor, residual: torch.Tensor, feeds=None) -> tuple[torch.Tensor, torch.Tensor]:
         """``(norm(x + residual), x + residual)`` as one op (a pre-norm block's residual add)."""
-        return runtime.call("add_rms_norm", x, residual, self.weight, self.eps, self.weight_offset)
+        request = requested(feeds, x.numel() // x.shape[-1])
+        if request is None:
+            return runtime.call("add_rms_norm", x, residual, self.weight, self.eps, self.weight_offset)
+        out, total, *blocks = runtime.call("add_rms_norm_int8", x, residual, self.weight, self.eps,
+                                           self.weight_offset, request.sums)
+        return attach(out, *blocks), total
 
     def load_weight(self, param_name: str, loaded, shard_id: int | None) -> None:
         getattr(self, param_name).load_replicated(loaded)

@@ -21,15 +21,36 @@ def _norm_warps(block: int) -> int:
     return 1 if block <= 256 else 4 if block <= 2048 else 8
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, weight_offset: float = 0.0) -> torch.Tensor:
+def _int8_outputs(rows: int, cols: int, sums: bool | None, device) -> tuple:
+    """Buffers of the int8 blocks a kernel writes with its output (``sums`` None: none; the kernel then
+    reads placeholders it never touches): ``(words [rows, cols / 4] int32, scales, sums or None)``."""
+    if sums is None:
+        return None, None, None
+    words = torch.empty(rows, cols // 4, dtype=torch.int32, device=device)
+    scales = torch.empty(rows, cols // 32, dtype=torch.float32, device=device)
+    return words, scales, torch.empty_like(scales) if sums else None
+
+
+def _launch_norm(x, residual, weight, eps: float, weight_offset: float, sums: bool | None):
+    """``rms_norm_kernel`` over x's rows: ``(out, total or None, words, scales, block sums)``."""
     flat = _rows(x)
+    res = _rows(residual) if residual is not None else flat
     out = torch.empty_like(flat)
+    total = torch.empty_like(flat) if residual is not None else out
+    words, scales, block_sums = _int8_outputs(flat.shape[0], flat.shape[1], sums, x.device)
     block = triton.next_power_of_2(flat.shape[1])
     if flat.shape[0]:
-        rms_norm_kernel[(flat.shape[0],)](flat, flat, weight, out, out, flat.shape[1], flat.stride(0), 0, out.stride(0),
-                                          0, float(eps), float(weight_offset), HAS_RESIDUAL=False,
-                                          HAS_OFFSET=bool(weight_offset), BLOCK=block, num_warps=_norm_warps(block))
-    return out.view(x.shape)
+        rms_norm_kernel[(flat.shape[0],)](
+            flat, res, weight, out, total, flat.shape[1], flat.stride(0), res.stride(0), out.stride(0),
+            total.stride(0), float(eps), float(weight_offset), HAS_RESIDUAL=residual is not None,
+            HAS_OFFSET=bool(weight_offset), BLOCK=block, q_ptr=None if words is None else words.view(torch.int8),
+            d_ptr=scales, s_ptr=block_sums if block_sums is not None else scales, QUANT=sums is not None,
+            SUMS=bool(sums), num_warps=_norm_warps(block))
+    return out.view(x.shape), (total.view(x.shape) if residual is not None else None), words, scales, block_sums
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, weight_offset: float = 0.0) -> torch.Tensor:
+    return _launch_norm(x, None, weight, eps, weight_offset, None)[0]
 
 
 def _norm_supports(x, weight, eps, weight_offset=0.0) -> bool:
@@ -43,20 +64,36 @@ rms_norm.supports = _norm_supports
 
 def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
                  weight_offset: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
-    flat, res = _rows(x), _rows(residual)
-    out, total = torch.empty_like(flat), torch.empty_like(flat)
-    block = triton.next_power_of_2(flat.shape[1])
-    if flat.shape[0]:
-        rms_norm_kernel[(flat.shape[0],)](flat, res, weight, out, total, flat.shape[1], flat.stride(0), res.stride(0),
-                                          out.stride(0), total.stride(0), float(eps), float(weight_offset),
-                                          HAS_RESIDUAL=True, HAS_OFFSET=bool(weight_offset), BLOCK=block,
-                                          num_warps=_norm_warps(block))
-    return out.view(x.shape), total.view(x.shape)
+    return _launch_norm(x, residual, weight, eps, weight_offset, None)[:2]
 
 
-add_rms_norm.supports = lambda x, residual, weight, eps, weight_offset=0.0: (
-    _norm_supports(x, weight, eps, weight_offset) and residual.shape == x.shape and residual.dtype == x.dtype
-    and residual.is_cuda and residual.stride(-1) == 1)
+def _add_norm_supports(x, residual, weight, eps, weight_offset=0.0) -> bool:
+    return (_norm_supports(x, weight, eps, weight_offset) and residual.shape == x.shape and residual.dtype == x.dtype
+            and residual.is_cuda and residual.stride(-1) == 1)
+
+
+add_rms_norm.supports = _add_norm_supports
+
+
+def rms_norm_int8(x: torch.Tensor, weight: torch.Tensor, eps: float, weight_offset: float, sums: bool):
+    """``rms_norm`` and its output's int8 blocks in one kernel: ``(out, words, scales, sums or None)``."""
+    out, _, words, scales, block_sums = _launch_norm(x, None, weight, eps, weight_offset, sums)
+    return out, words, scales, block_sums
+
+
+rms_norm_int8.supports = lambda x, weight, eps, weight_offset, sums: (
+    _norm_supports(x, weight, eps, weight_offset) and x.shape[-1] % 32 == 0)
+
+
+def add_rms_norm_int8(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
+                      weight_offset: float, sums: bool):
+    """``add_rms_norm`` and the normalised output's int8 blocks in one kernel:
+    ``(out, total, words, scales, sums or None)``."""
+    return _launch_norm(x, residual, weight, eps, weight_offset, sums)
+
+
+add_rms_norm_int8.supports = lambda x, residual, weight, eps, weight_offset, sums: (
+    _add_norm_supports(x, residual, weight, eps, weight_offset) and x.shape[-1] % 32 == 0)
 
 
 def _rotary_config(head_dim: int, rotary_dim: int) -> dict:
@@ -173,22 +210,39 @@ def _qk_norm_supports(positions, q, k, v, q_weight, k_weight, eps, weight_offset
 qk_norm_rotary_store_kv.supports = _qk_norm_supports
 
 
-def gated_activation(x: torch.Tensor, activation: str) -> torch.Tensor:
+def _launch_gated(x: torch.Tensor, activation: str, sums: bool | None):
     flat = _rows(x)
     cols = flat.shape[1] // 2
     out = torch.empty(flat.shape[0], cols, dtype=x.dtype, device=x.device)
+    words, scales, block_sums = _int8_outputs(flat.shape[0], cols, sums, x.device)
     block = min(1024, triton.next_power_of_2(cols))
     if flat.shape[0]:
         gated_activation_kernel[(flat.shape[0], triton.cdiv(cols, block))](
             flat, out, cols, flat.stride(0), out.stride(0), ACT=ACTIVATION_CODES[activation], BLOCK=block,
+            q_ptr=None if words is None else words.view(torch.int8), d_ptr=scales,
+            s_ptr=block_sums if block_sums is not None else scales, QUANT=sums is not None, SUMS=bool(sums),
             num_warps=4)
-    return out.view(*x.shape[:-1], cols)
+    return out.view(*x.shape[:-1], cols), words, scales, block_sums
+
+
+def gated_activation(x: torch.Tensor, activation: str) -> torch.Tensor:
+    return _launch_gated(x, activation, None)[0]
 
 
 gated_activation.supports = lambda x, activation: (
     x.is_cuda and x.dtype in DTYPES and activation in ACTIVATION_CODES and x.shape[-1] % 2 == 0
     and x.stride(-1) == 1 and x.reshape(-1, x.shape[-1]).stride(-1) == 1)
 
+
+def gated_activation_int8(x: torch.Tensor, activation: str, sums: bool):
+    """``gated_activation`` and its output's int8 blocks in one kernel: ``(out, words, scales, sums or None)``."""
+    return _launch_gated(x, activation, sums)
+
+
+gated_activation_int8.supports = lambda x, activation, sums: (
+    gated_activation.supports(x, activation) and x.shape[-1] % 64 == 0)
+
 OPS = {"rms_norm": rms_norm, "add_rms_norm": add_rms_norm, "rotary_qk": rotary_qk,
        "rotary_store_kv": rotary_store_kv, "qk_norm_rotary_store_kv": qk_norm_rotary_store_kv,
-       "gated_activation": gated_activation}
+       "gated_activation": gated_activation, "rms_norm_int8": rms_norm_int8, "add_rms_norm_int8": add_rms_norm_int8,
+       "gated_activation_int8": gated_activation_int8}

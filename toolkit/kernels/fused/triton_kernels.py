@@ -18,6 +18,8 @@ import os
 import triton
 import triton.language as tl
 
+from ..triton_int8 import store_int8_blocks
+
 try:  # Triton >= 3.0
     from triton.language.extra import libdevice
 except ImportError:  # pragma: no cover - older Triton
@@ -28,9 +30,13 @@ LIBDEVICE = tl.constexpr(os.environ.get("TRITON_INTERPRET") != "1")  # the inter
 
 @triton.jit
 def rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, sum_ptr, n_cols, stride_x, stride_res, stride_out, stride_sum,
-                    eps, offset, HAS_RESIDUAL: tl.constexpr, HAS_OFFSET: tl.constexpr, BLOCK: tl.constexpr):
+                    eps, offset, HAS_RESIDUAL: tl.constexpr, HAS_OFFSET: tl.constexpr, BLOCK: tl.constexpr,
+                    q_ptr=None, d_ptr=None, s_ptr=None, QUANT: tl.constexpr = False, SUMS: tl.constexpr = False):
     """One row per program: ``s = x (+ residual)`` (rounded to x's dtype and stored if a residual
-    is given), ``out = s / rms(s) * w`` (``* (offset + w)`` with an offset)."""
+    is given), ``out = s / rms(s) * w`` (``* (offset + w)`` with an offset).
+
+    With ``QUANT`` the stored ``out`` is also rounded to int8 blocks of 32 (``triton_int8``): int8
+    ``q [rows, n_cols]``, float32 scales and (``SUMS``) block sums ``[rows, n_cols / 32]``, contiguous."""
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < n_cols
@@ -45,7 +51,12 @@ def rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, sum_ptr, n_cols, stride_x, s
         out = xf * inv * (offset + w)
     else:  # Llama: the normalised value is rounded to x's dtype before the weight multiplies it
         out = (xf * inv).to(x_ptr.dtype.element_ty).to(tl.float32) * w
-    tl.store(out_ptr + row * stride_out + cols, out.to(out_ptr.dtype.element_ty), mask=mask)
+    out = out.to(out_ptr.dtype.element_ty)
+    tl.store(out_ptr + row * stride_out + cols, out, mask=mask)
+    if QUANT:  # the blocks of what was stored (masked columns are zeros: whole blocks past n_cols stay unwritten)
+        blocks = n_cols // 32
+        store_int8_blocks(out.to(tl.float32), 0, q_ptr + row * n_cols, d_ptr + row * blocks, s_ptr + row * blocks,
+                          blocks, BLOCK // 32, SUMS)
 
 
 @triton.jit
@@ -151,9 +162,12 @@ def rotary_heads_kernel(pos_ptr, inv_freq_ptr, slot_ptr, q_ptr, k_ptr, v_ptr, q_
 
 
 @triton.jit
-def gated_activation_kernel(x_ptr, out_ptr, n_cols, stride_x, stride_out, ACT: tl.constexpr, BLOCK: tl.constexpr):
+def gated_activation_kernel(x_ptr, out_ptr, n_cols, stride_x, stride_out, ACT: tl.constexpr, BLOCK: tl.constexpr,
+                            q_ptr=None, d_ptr=None, s_ptr=None, QUANT: tl.constexpr = False,
+                            SUMS: tl.constexpr = False):
     """``out[r, c] = act(x[r, c]) * x[r, n_cols + c]``; ACT 0 = silu, 1 = gelu (tanh approximation),
-    2 = gelu (erf). Grid: (rows, column blocks)."""
+    2 = gelu (erf). Grid: (rows, column blocks). ``QUANT``/``SUMS``: the output's int8 blocks as in
+    ``rms_norm_kernel`` (``BLOCK`` a multiple of 32)."""
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < n_cols
@@ -167,4 +181,9 @@ def gated_activation_kernel(x_ptr, out_ptr, n_cols, stride_x, stride_out, ACT: t
         act = 0.5 * gate * (1.0 + libdevice.erf(gate * 0.7071067811865476))
     # the reference rounds act(gate) to x's dtype before the product
     act = act.to(x_ptr.dtype.element_ty).to(tl.float32)
-    tl.store(out_ptr + row * stride_out + cols, (act * up.to(tl.float32)).to(out_ptr.dtype.element_ty), mask=mask)
+    out = (act * up.to(tl.float32)).to(out_ptr.dtype.element_ty)
+    tl.store(out_ptr + row * stride_out + cols, out, mask=mask)
+    if QUANT:
+        blocks = n_cols // 32
+        store_int8_blocks(tl.where(mask, out.to(tl.float32), 0.0), tl.program_id(1) * (BLOCK // 32),
+                          q_ptr + row * n_cols, d_ptr + row * blocks, s_ptr + row * blocks, blocks, BLOCK // 32, SUMS)

@@ -54,5 +54,10 @@ def gguf_embedding(ids: torch.Tensor, data: torch.Tensor, qtype: int, cols: int,
     return gguf_dequantize(rows, qtype, cols, dtype).reshape(*ids.shape, cols)
 
 
+def gguf_int8_input(data: torch.Tensor, qtype: int, cols: int, tokens: int) -> None:
+    """What ``gguf_matmul`` reads besides x (``kernels/int8_blocks.py``): nothing here, it takes x as it is."""
+    return None
+
+
 __all__ = ["SUPPORTED_TYPES", "block_size", "dequantize_float32", "gguf_dequantize", "gguf_embedding",
-           "gguf_matmul", "is_supported", "type_size"]
+           "gguf_int8_input", "gguf_matmul", "is_supported", "type_size"]

@@ -27,6 +27,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from ..triton_int8 import round_int8_blocks
 from .triton_words import _k_scale_min, _u16, _u32, half_bits
 
 Q4_0, Q5_0, Q8_0 = (tl.constexpr(v) for v in (2, 6, 8))
@@ -79,12 +80,6 @@ def _spread_bits(h):
 
 
 @triton.jit
-def _round(v):
-    """Round half away from zero (plain arithmetic, so the interpreter runs it too)."""
-    return tl.where(v >= 0, v + 0.5, v - 0.5).to(tl.int32)
-
-
-@triton.jit
 def quantize_activations_kernel(x_ptr, q_ptr, d_ptr, s_ptr, K, stride_x, BK: tl.constexpr, SUMS: tl.constexpr):
     """Program (token t, column tile): int8 blocks of 32, packed 4 to an int32 word, and their scales.
 
@@ -94,16 +89,14 @@ def quantize_activations_kernel(x_ptr, q_ptr, d_ptr, s_ptr, K, stride_x, BK: tl.
     G: tl.constexpr = BK // 32
     cols = kb * BK + tl.arange(0, BK)
     x = tl.reshape(tl.load(x_ptr + t.to(tl.int64) * stride_x + cols).to(tl.float32), (G, 32))
-    amax = tl.max(tl.abs(x), axis=1)
-    inv = tl.where(amax > 0, 127.0 / amax, 0.0)
-    rounded = _round(x * inv[:, None])                                          # [G, 32] in -127..127
+    rounded, d = round_int8_blocks(x)                                           # [G, 32] in -127..127, [G]
     if SUMS:
         tl.store(s_ptr + t.to(tl.int64) * (K // 32) + kb * G + tl.arange(0, G),
-                 tl.sum(rounded, axis=1).to(tl.float32) * (amax / 127.0))
+                 tl.sum(rounded, axis=1).to(tl.float32) * d)
     q = tl.reshape(rounded & 255, (G * 8, 4)) << (tl.arange(0, 4) * 8)[None, :]
     words = tl.sum(q, axis=1)                                     # the 4 bytes occupy disjoint bits
     tl.store(q_ptr + t.to(tl.int64) * (K // 4) + kb * (BK // 4) + tl.arange(0, BK // 4), words)
-    tl.store(d_ptr + t.to(tl.int64) * (K // 32) + kb * G + tl.arange(0, G), amax / 127.0)
+    tl.store(d_ptr + t.to(tl.int64) * (K // 32) + kb * G + tl.arange(0, G), d)
 
 
 @triton.jit

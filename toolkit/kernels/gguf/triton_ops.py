@@ -31,6 +31,7 @@ from .triton_dp4a import quantize_activations_kernel
 from .triton_gemv_tokens import gemv_tokens_kernel
 from .triton_kernels import dequantize_kernel, matmul_kernel
 from .triton_mmq import MMQ_MIN_TYPES, MMQ_TYPES, mmq_kernel
+from ..int8_blocks import Int8Blocks, Int8Input, attached
 from ..launch import l2_bytes, num_sms, split_k
 from ..triton_reduce import sum_splits
 
@@ -92,6 +93,8 @@ DP4A_STEP = {"Q4_0": 32, "Q5_0": 32, "Q8_0": 32, "Q4_K": 256, "Q5_K": 256, "Q6_K
 #   as a leading tensor axis and lost to the float tl.dot kernel at T=8 (95-195 against 71-112 us); the
 #   MoE route kernel still uses its step functions (gemv_step). Q5_0 and Q5_K (no mmq kernel; the float kernel's 76-105 us at T=8) take it up to
 #   8 tokens, by analogy with Q4_0/Q4_K (not yet swept on their own).
+# The types whose token-unrolled GEMV reads the activations' block sums (their minimum term).
+TOKENS_SUM_TYPES = frozenset({"Q4_K", "Q5_K"})
 TOKENS_MAX_TOKENS = {"Q4_0": 8, "Q5_0": 8, "Q8_0": 4, "Q4_K": 4, "Q5_K": 8, "Q6_K": 4}
 TOKENS_CONFIG = GemvConfig(bn=1, bk=2048, num_warps=1)
 _WIDE = GemvConfig(bn=2, bk=1024, num_warps=1)
@@ -219,8 +222,9 @@ def fused_matmul(x: torch.Tensor, data: torch.Tensor, qtype: int, cols: int, con
     ``words=False``: element-wise tiles even where a word-wise one exists)."""
     tokens, rows = x.shape[0], data.shape[0]
     # Large-BM tiles are prefill-sized, where dequantize + cuBLAS wins anyway; Triton 3.6 also
-    # fails to compile tl.dot on the permuted word-tile operands at BM=128.
-    words = words and config.bm <= 16 and type_name(qtype) in WORD_GROUP
+    # fails to compile tl.dot on the permuted word-tile operands at BM=128 (32 and 64: measured by
+    # bench/bench_gguf_kernels.py's "batch" sweep, not dispatched by gguf_matmul).
+    words = words and config.bm <= 64 and type_name(qtype) in WORD_GROUP
     # element-wise tiles stay inside one super-block (<= 256 columns)
     bk = _matmul_tile_width(qtype, cols, config.bk) if words else _tile_width(cols, min(config.bk, 256))
     grid_nm = (triton.cdiv(rows, config.bn), triton.cdiv(tokens, config.bm))
@@ -233,6 +237,19 @@ def fused_matmul(x: torch.Tensor, data: torch.Tensor, qtype: int, cols: int, con
         BM=config.bm, BN=config.bn, BK=bk, num_warps=config.num_warps, num_stages=config.num_stages,
         WORDS=words, **_type_args(qtype))
     return out[0] if split == 1 else sum_splits(out, x.dtype)
+
+
+def activation_blocks(x: torch.Tensor, sums: bool) -> Int8Blocks:
+    """``x``'s int8 blocks: the ones its producer attached (``int8_blocks``) when they serve, else rounded here.
+
+    Never attached here: x may be a buffer that kernels rewrite without a version bump (a CUDA graph's static
+    output replays into the same tensor object), where blocks kept on it would go stale unseen. A producer's
+    output is a fresh tensor its kernel just wrote."""
+    blocks = attached(x, sums)
+    if blocks is None:
+        words, scales, *block_sums = quantize_activations(x, sums=sums)
+        blocks = Int8Blocks(words, scales, block_sums[0] if sums else None)
+    return blocks
 
 
 def quantize_activations(x: torch.Tensor, sums: bool = False):
@@ -256,10 +273,8 @@ def dp4a_tokens_matmul(x: torch.Tensor, data: torch.Tensor, qtype: int, cols: in
     name = type_name(qtype)
     tokens, rows, step = x.shape[0], data.shape[0], DP4A_STEP[name]
     config = config or tokens_config(name, tokens)
-    if name in ("Q4_K", "Q5_K"):
-        words, scales, sums = quantize_activations(x, sums=True)
-    else:
-        (words, scales), sums = quantize_activations(x), None
+    blocks = activation_blocks(x, sums=name in TOKENS_SUM_TYPES)
+    words, scales, sums = blocks.words, blocks.scales, blocks.sums if name in TOKENS_SUM_TYPES else None
     grid_n = triton.cdiv(rows, config.bn)
     split = config.split or split_k(grid_n, cols // _tile_width(cols, max(config.bk, step)), x.device)
     while split > 1 and (cols % split or (cols // split) % step):  # each split: whole blocks
@@ -312,10 +327,8 @@ def mmq_activations(x: torch.Tensor, name: str) -> tuple[torch.Tensor, torch.Ten
     kernel's weight order: position 2i + h is column i + 16h), float32 scales ``[T, cols / 32]`` and
     block sums ``d * sum(q)`` (the scales again where the type has no minimum term: never read)."""
     tokens, cols = x.shape
-    if name in MMQ_MIN_TYPES:
-        words, scales, sums = quantize_activations(x, sums=True)
-    else:
-        (words, scales), sums = quantize_activations(x), None
+    blocks = activation_blocks(x, sums=name in MMQ_MIN_TYPES)
+    words, scales, sums = blocks.words, blocks.scales, blocks.sums if name in MMQ_MIN_TYPES else None
     quants = words.view(torch.int8)                                          # [T, cols], natural order
     if name == "Q4_0":
         quants = quants.view(tokens, cols // 32, 2, 16).transpose(2, 3).contiguous().view(tokens, cols)
@@ -359,8 +372,22 @@ def int8_activations(qtype: int, cols: int, tokens: int, data: torch.Tensor) -> 
     return _int8_kernel(data, qtype, cols, tokens) is not None
 
 
+def gguf_int8_input(data: torch.Tensor, qtype: int, cols: int, tokens: int) -> Int8Input | None:
+    """What ``gguf_matmul`` reads for ``tokens`` activation rows: int8 blocks (with their sums for the types
+    whose kernel has a minimum term) where an int8 kernel serves, else None (float activations)."""
+    kernel = _int8_kernel(data, qtype, cols, tokens)
+    if kernel is None:
+        return None
+    sum_types = TOKENS_SUM_TYPES if kernel is dp4a_tokens_matmul else MMQ_MIN_TYPES
+    return Int8Input(sums=type_name(qtype) in sum_types)
+
+
+gguf_int8_input.supports = lambda data, qtype, cols, tokens: _packed_ok(data, qtype, cols)
+
+
 def gguf_matmul(x: torch.Tensor, data: torch.Tensor, qtype: int, cols: int) -> torch.Tensor:
-    flat = x.reshape(-1, cols).contiguous()
+    # x itself when it is already [T, cols] and contiguous, so that blocks attached to it are found
+    flat = x if x.dim() == 2 and x.is_contiguous() else x.reshape(-1, cols).contiguous()
     tokens = flat.shape[0]
     if (int8_kernel := _int8_kernel(data, qtype, cols, tokens)) is not None:
         out = int8_kernel(flat, data, qtype, cols)
@@ -387,4 +414,5 @@ def gguf_embedding(ids: torch.Tensor, data: torch.Tensor, qtype: int, cols: int,
 gguf_embedding.supports = lambda ids, data, qtype, cols, dtype: (
     gguf_dequantize.supports(data, qtype, cols, dtype) and ids.is_cuda)
 
-OPS = {"gguf_dequantize": gguf_dequantize, "gguf_matmul": gguf_matmul, "gguf_embedding": gguf_embedding}
+OPS = {"gguf_dequantize": gguf_dequantize, "gguf_matmul": gguf_matmul, "gguf_embedding": gguf_embedding,
+       "gguf_int8_input": gguf_int8_input}

@@ -38,8 +38,15 @@ def gguf_fused_moe(x: torch.Tensor, gate_up: torch.Tensor, gate_up_qtype: int, d
     return expert_mixture(x, topk_weights, topk_ids, experts, expert_fn)
 
 
+def gguf_moe_int8_input(gate_up: torch.Tensor, gate_up_qtype: int, hidden: int, routes: int) -> None:
+    """What ``gguf_fused_moe`` reads besides x (``kernels/int8_blocks.py``): nothing here."""
+    return None
+
+
 @hookimpl
 def register_kernels(register):
     register("gguf_fused_moe", gguf_fused_moe, device="any")
-    for name, fn in lazy_ops(f"{__name__}.triton_moe", ("gguf_fused_moe",), "Triton fused MoE (GGUF experts)").items():
+    register("gguf_moe_int8_input", gguf_moe_int8_input, device="any")
+    for name, fn in lazy_ops(f"{__name__}.triton_moe", ("gguf_fused_moe", "gguf_moe_int8_input"),
+                             "Triton fused MoE (GGUF experts)").items():
         register(name, fn, device="cuda", priority=10)

@@ -26,10 +26,12 @@ import triton.language as tl
 from ..gguf.triton_dp4a import STEP_AXES, _axes, gemv_step
 from ..gguf.triton_kernels import _weights_and_x
 from ..gguf.triton_mmq import MMQ_TYPES, mmq_tile
+from ..gguf.triton_mmq import MMQ_MIN_TYPES
 from ..gguf.triton_ops import (_HARDWARE_DP4A, DP4A_STEP, WORD_GROUP, _codebook, _dp4a_ok, _matmul_tile_width,
-                               _packed_ok, _tile_width, _type_args, mmq_activations, quantize_activations)
+                               _packed_ok, _tile_width, _type_args, activation_blocks, mmq_activations)
+from ..int8_blocks import Int8Input, handoff_enabled
 from ..gguf.types import type_name, type_size
-from ..moe_triton import route_block, run_moe, store_routes
+from ..moe_triton import block_rows, route_block, run_moe, store_routes
 from . import expert_shapes
 
 
@@ -71,7 +73,11 @@ def gguf_moe_dp4a_kernel(xq_ptr, xd_ptr, w_ptr, out_ptr, expert_ptr, weight_ptr,
     dp4a GEMV's step functions (``triton_dp4a``) on int8-rounded activations: ``xq [rows, K / 4]``
     int32 words, ``xd [rows, K / 32]`` scales (``quantize_activations``). ``expert_ptr``: each
     route's expert (the flat top-k ids); the activation row is the route's token for ``gate_up``
-    and the route itself for ``down`` (``PER_ROUTE_X``)."""
+    and the route itself for ``down`` (``PER_ROUTE_X``).
+
+    (Session 8 tried routes as the grid's fast axis, so that routes of different tokens to one expert read
+    its rows together and share them through L2: batch 8 of the Qwen3-30B-A3B-shaped file stayed at
+    851-855 tok/s against 852, H100. The re-reads are not what holds batch 8 back.)"""
     pid_n, route = tl.program_id(0), tl.program_id(1)
     expert = tl.load(expert_ptr + route).to(tl.int64)
     offs_n = pid_n * BN + tl.arange(0, BN)
@@ -102,7 +108,8 @@ def _dp4a_routes(a, data, qtype, cols_in, rows_out, expert_ids, weights, top_k, 
     name = type_name(qtype)
     bn, bk_wanted, warps = DP4A_ROUTE.get(name, DP4A_ROUTE["default"])
     bk = _tile_width(cols_in, max(bk_wanted, DP4A_STEP[name]))
-    words, scales = quantize_activations(a)
+    blocks = activation_blocks(a, sums=False)
+    words, scales = blocks.words, blocks.scales
     out = torch.empty(routes, rows_out, dtype=a.dtype, device=a.device)
     gguf_moe_dp4a_kernel[(triton.cdiv(rows_out, bn), routes)](
         words, scales, data, out, expert_ids, weights if weights is not None else out, rows_out, data.stride(0),
@@ -222,6 +229,25 @@ def _grouped_matmul(x, a, data, qtype, cols_in, rows_out, route, block_expert, w
 LARGE_BLOCKS = (2048, 32)
 
 
+def projection_int8_input(data: torch.Tensor, qtype: int, cols_in: int, routes: int) -> Int8Input | None:
+    """What ``_grouped_matmul`` reads for one projection of ``routes`` routes: int8 blocks (with sums for the
+    mmq kernel's minimum-term types) where an int8 kernel serves, else None."""
+    bm = block_rows(routes, LARGE_BLOCKS)
+    if bm == 1 and _dp4a_ok(data, qtype, cols_in):
+        return Int8Input(sums=False)
+    if bm >= 16 and _mmq_routes_ok(qtype, cols_in, routes):
+        return Int8Input(sums=type_name(qtype) in MMQ_MIN_TYPES)
+    return None
+
+
+def gguf_moe_int8_input(gate_up: torch.Tensor, gate_up_qtype: int, hidden: int, routes: int) -> Int8Input | None:
+    """What ``gguf_fused_moe`` reads of its input x for ``routes`` routes (``int8_blocks``)."""
+    return projection_int8_input(gate_up, gate_up_qtype, hidden, routes)
+
+
+gguf_moe_int8_input.supports = lambda gate_up, gate_up_qtype, hidden, routes: _packed_ok(gate_up, gate_up_qtype, hidden)
+
+
 def gguf_fused_moe(x: torch.Tensor, gate_up: torch.Tensor, gate_up_qtype: int, down: torch.Tensor, down_qtype: int,
                    topk_weights: torch.Tensor, topk_ids: torch.Tensor, activation: str = "silu") -> torch.Tensor:
     experts, hidden, inter = expert_shapes(x, gate_up, down)
@@ -234,7 +260,8 @@ def gguf_fused_moe(x: torch.Tensor, gate_up: torch.Tensor, gate_up_qtype: int, d
         return _grouped_matmul(x, a, down, down_qtype, inter, cols, route, block_expert, weights, bm, top_k,
                                routes, experts, True)
 
-    return run_moe(x.contiguous(), topk_weights, topk_ids, experts, inter, matmul, activation, LARGE_BLOCKS)
+    return run_moe(x.contiguous(), topk_weights, topk_ids, experts, inter, matmul, activation, LARGE_BLOCKS,
+                   hidden_int8=projection_int8_input(down, down_qtype, inter, routes) if handoff_enabled() else None)
 
 
 def _supports(x, gate_up, gate_up_qtype, down, down_qtype, topk_weights, topk_ids, activation="silu"):
@@ -246,4 +273,4 @@ def _supports(x, gate_up, gate_up_qtype, down, down_qtype, topk_weights, topk_id
 
 
 gguf_fused_moe.supports = _supports
-OPS = {"gguf_fused_moe": gguf_fused_moe}
+OPS = {"gguf_fused_moe": gguf_fused_moe, "gguf_moe_int8_input": gguf_moe_int8_input}

@@ -17,7 +17,7 @@ from toolkit.core.layers import (Attention, AttentionMetadata, MergedColumnParal
                                  QKVParallelLinear, RMSNorm, RotaryEmbedding, RowParallelLinear, VocabParallelEmbedding)
 from toolkit.core.parallel import ParallelContext
 from toolkit.core.quant import QuantScheme
-from toolkit.kernels import runtime
+from toolkit.kernels.int8_blocks import gated, requested
 
 PACKED_MODULES = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
 
@@ -58,6 +58,10 @@ class DecoderAttention(nn.Module):
                               scale=options.scale or hd ** -0.5, sliding_window=options.sliding_window,
                               logit_softcap=options.logit_softcap)
 
+    def int8_input(self, tokens: int):
+        """What the block reads of its input (the q/k/v projection's need; ``kernels/int8_blocks.py``)."""
+        return self.qkv_proj.int8_input(tokens)
+
     def forward(self, positions: torch.Tensor, hidden: torch.Tensor, attn: AttentionMetadata) -> torch.Tensor:
         q, k, v = self.qkv_proj.split(self.qkv_proj(hidden))
         # the q/k norms and rotary run inside attention: with a KV cache, in the one op that stores k and v
@@ -78,21 +82,30 @@ class GatedMLP(nn.Module):
         self.act = ACTIVATIONS[config.hidden_act]
         self.activation = config.hidden_act
 
+    def int8_input(self, tokens: int):
+        """What the block reads of its input (the gate/up projection's need; ``kernels/int8_blocks.py``)."""
+        return self.gate_up_proj.int8_input(tokens)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # act(gate) * up as one op (one kernel on CUDA instead of an activation and a product)
-        return self.down_proj(runtime.call("gated_activation", self.gate_up_proj(x), self.activation))
+        # act(gate) * up as one op (one kernel on CUDA instead of an activation and a product), writing the
+        # int8 blocks the down projection reads where it reads them
+        tokens = x.numel() // x.shape[-1]
+        return self.down_proj(gated(self.gate_up_proj(x), self.activation,
+                                    requested(self.down_proj, tokens)))
 
 
-def add_norm(norm: RMSNorm, hidden: torch.Tensor, residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+def add_norm(norm: RMSNorm, hidden: torch.Tensor, residual: torch.Tensor | None,
+             feeds=None) -> tuple[torch.Tensor, torch.Tensor]:
     """``(norm(hidden + residual), hidden + residual)`` as one op; the first layer has no residual yet.
+    ``feeds``: the module the normalised output goes to (``RMSNorm``'s int8 blocks).
 
     Layers pass the residual stream on instead of adding their output to it, so that every
     residual add is the one in the next norm's kernel (and the model's final norm absorbs the
     last); the sum is rounded to the activation dtype exactly as a separate add would round it.
     """
     if residual is None:
-        return norm(hidden), hidden
-    return norm.forward_add(hidden, residual)
+        return norm(hidden, feeds), hidden
+    return norm.forward_add(hidden, residual, feeds)
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -111,9 +124,9 @@ class LlamaDecoderLayer(nn.Module):
         self.mlp = GatedMLP(config, quant=quant, parallel=parallel, prefix=f"{prefix}.mlp")
 
     def forward(self, positions, hidden, residual, attn):
-        normed, residual = add_norm(self.input_layernorm, hidden, residual)
+        normed, residual = add_norm(self.input_layernorm, hidden, residual, self.self_attn)
         attended = self.self_attn(positions, normed, attn)
-        normed, residual = self.post_attention_layernorm.forward_add(attended, residual)
+        normed, residual = self.post_attention_layernorm.forward_add(attended, residual, self.mlp)
         return self.mlp(normed), residual
 
 

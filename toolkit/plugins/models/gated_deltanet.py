@@ -177,6 +177,10 @@ class GatedDeltaNet(nn.Module):
         getattr(self, param_name).load_column_parallel(loaded, tp_rank=self.parallel.tp_rank,
                                                        tp_size=self.parallel.tp_size)
 
+    def int8_input(self, tokens: int):
+        """What the block reads of its input (the input projection's need; ``kernels/int8_blocks.py``)."""
+        return self.in_proj.int8_input(tokens)
+
     def forward(self, hidden: torch.Tensor, attn: AttentionMetadata) -> torch.Tensor:
         tokens, dims = hidden.shape[0], self.dims
         sizes = self.in_proj.output_partition_sizes

@@ -151,9 +151,9 @@ class Gemma3DecoderLayer(nn.Module):
                 attn: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:
         """``-> (hidden, residual)``: both residual adds are the ones fused into the next norm
         (the pre-feedforward norm here, the next layer's input norm or the final norm after)."""
-        normed, residual = add_norm(self.input_layernorm, hidden, residual)
+        normed, residual = add_norm(self.input_layernorm, hidden, residual, self.self_attn)
         attended = self.post_attention_layernorm(self.self_attn(positions, normed, attn))
-        normed, residual = self.pre_feedforward_layernorm.forward_add(attended, residual)
+        normed, residual = self.pre_feedforward_layernorm.forward_add(attended, residual, self.mlp)
         return self.post_feedforward_layernorm(self.mlp(normed)), residual
 
 

@@ -25,6 +25,7 @@ from toolkit.core.layers import RMSNorm
 from toolkit.core.layers.moe import FusedMoE, MoERouter
 from toolkit.core.names import MappedName, NameContext, map_hf_name
 from toolkit.kernels import runtime
+from toolkit.kernels.int8_blocks import merge
 
 from .decoder import AttentionOptions, DecoderAttention, GatedMLP, add_norm
 
@@ -84,6 +85,12 @@ class SparseMoEBlock(nn.Module):
             self.shared_expert = GatedMLP(shared, quant=quant, parallel=parallel, prefix=f"{prefix}.shared_expert")
             self.shared_expert_gate = MoERouter(config.hidden_size, 1, dtype=dtype)
 
+    def int8_input(self, tokens: int):
+        """What the experts (and a shared expert) read of the block's input (``kernels/int8_blocks.py``);
+        the router reads it as it is."""
+        shared = self.shared_expert.int8_input(tokens) if self.shared_expert is not None else None
+        return merge(self.experts.int8_input(tokens, self.top_k), shared)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weights, ids = runtime.call("moe_route", self.gate(x), self.top_k, self.renormalize)
         out = self.experts(x, weights, ids)
@@ -106,9 +113,9 @@ class MoEDecoderLayer(nn.Module):
 
     def forward(self, positions, hidden, residual, attn):
         """``-> (hidden, residual)`` as ``LlamaDecoderLayer.forward``."""
-        normed, residual = add_norm(self.input_layernorm, hidden, residual)
+        normed, residual = add_norm(self.input_layernorm, hidden, residual, self.self_attn)
         attended = self.self_attn(positions, normed, attn)
-        normed, residual = self.post_attention_layernorm.forward_add(attended, residual)
+        normed, residual = self.post_attention_layernorm.forward_add(attended, residual, self.mlp)
         return self.mlp(normed), residual
 
 

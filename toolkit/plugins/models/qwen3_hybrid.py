@@ -144,6 +144,10 @@ class GatedAttention(nn.Module):
         self.num_heads, self.head_dim = self.qkv_proj.num_heads // 2, hd
         self.attn = Attention(self.num_heads, self.qkv_proj.num_kv_heads, hd, scale=hd ** -0.5)
 
+    def int8_input(self, tokens: int):
+        """What the block reads of its input (the q/k/v projection's need; ``kernels/int8_blocks.py``)."""
+        return self.qkv_proj.int8_input(tokens)
+
     def forward(self, positions: torch.Tensor, hidden: torch.Tensor, attn: AttentionMetadata) -> torch.Tensor:
         tokens, hd = hidden.shape[0], self.head_dim
         query_gate, k, v = self.qkv_proj.split(self.qkv_proj(hidden))
@@ -175,9 +179,10 @@ class HybridDecoderLayer(nn.Module):
     def forward(self, positions: torch.Tensor, hidden: torch.Tensor, residual: torch.Tensor | None,
                 attn: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:
         """``-> (hidden, residual)`` as the decoder's ``LlamaDecoderLayer.forward``."""
-        normed, residual = add_norm(self.input_layernorm, hidden, residual)
+        mixer = self.linear_attn if self.is_linear else self.self_attn
+        normed, residual = add_norm(self.input_layernorm, hidden, residual, mixer)
         mixed = self.linear_attn(normed, attn) if self.is_linear else self.self_attn(positions, normed, attn)
-        normed, residual = self.post_attention_layernorm.forward_add(mixed, residual)
+        normed, residual = self.post_attention_layernorm.forward_add(mixed, residual, self.mlp)
         return self.mlp(normed), residual
 
 

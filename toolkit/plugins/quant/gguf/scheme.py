@@ -12,6 +12,7 @@ from torch import nn
 
 from toolkit.core.errors import ToolkitError
 from toolkit.kernels import runtime
+from toolkit.kernels.int8_blocks import Int8Input, merge
 
 from .params import GGUFParameter, Segment
 
@@ -51,6 +52,21 @@ class GGUFScheme:
         if bias is not None:
             out = out + bias
         return out if x.dim() == 2 else out.reshape(*x.shape[:-1], rows)
+
+    def int8_input(self, layer: nn.Module, tokens: int) -> Int8Input | None:
+        """The int8 blocks ``apply``'s matmuls read for ``tokens`` rows (every segment's need merged), or None."""
+        cols = layer.weight.logical_shape[1]
+        return merge(*(runtime.call("gguf_int8_input", data, segment.qtype, cols, tokens)
+                       for segment, data in layer.weight.packed_segments()))
+
+    def moe_int8_input(self, layer: nn.Module, tokens: int, top_k: int) -> Int8Input | None:
+        """The int8 blocks ``apply_moe`` reads of its input for ``tokens`` rows routed to ``top_k`` experts each."""
+        gate_up = layer.gate_up_proj.packed_segments()
+        if len(gate_up) != 1 or len(layer.down_proj.packed_segments()) != 1:
+            return None     # the mixed-type fallback reads float activations
+        segment, data = gate_up[0]
+        return runtime.call("gguf_moe_int8_input", data, segment.qtype, layer.gate_up_proj.logical_shape[1],
+                            tokens * top_k)
 
     def embed(self, layer: nn.Module, ids: torch.Tensor) -> torch.Tensor:
         """Rows ``ids`` of the table; only those rows are dequantized (rows never loaded, such as
