@@ -145,3 +145,23 @@ def test_int8_route_blocks_by_route_count(monkeypatch):
         expected = gguf_moe_reference.gguf_fused_moe(x, *args, weights, ids)
         tolerance = (4e-2 if int8 else 1e-4) * expected.abs().max().item()
         torch.testing.assert_close(got, expected, atol=tolerance, rtol=0)
+
+
+@here
+def test_one_route_per_program_with_shared_experts():
+    """Decode (routes <= ``DECODE_ROUTES``: one route per program): 4 tokens x top-3 over 4 experts, so every
+    expert serves several tokens; each route's output must still be its own
+    expert's rows times its own token (the torch reference, int8 rounding tolerance)."""
+    experts, hidden, inter, top_k, tokens = 4, 256, 64, 3, 4
+    gate_up = _packed(Q.Q4_K, experts * 2 * inter, hidden, 30)
+    down = _packed(Q.Q8_0, experts * hidden, inter, 31)
+    x = torch.randn(tokens, hidden, generator=torch.Generator().manual_seed(32)) * 0.5
+    logits = torch.randn(tokens, experts, generator=torch.Generator().manual_seed(33))
+    weights, ids = moe_triton.moe_route(logits, top_k, False)
+    assert len(set(ids.flatten().tolist())) < ids.numel()               # experts shared between tokens
+    args = (gate_up, int(Q.Q4_K), down, int(Q.Q8_0))
+    got = triton_moe.gguf_fused_moe(x, *args, weights, ids)
+    expected = gguf_moe_reference.gguf_fused_moe(x, *args, weights, ids)
+    torch.testing.assert_close(got, expected, atol=4e-2 * expected.abs().max().item(), rtol=0)
+    swapped = triton_moe.gguf_fused_moe(x, *args, weights, ids.flip(0))   # routes of other tokens: another result
+    assert not torch.allclose(swapped, got, atol=4e-2 * expected.abs().max().item())
