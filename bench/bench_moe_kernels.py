@@ -7,6 +7,7 @@ Usage (on a CUDA device):
     python bench/bench_moe_kernels.py --ab --sweep           # ... and more int8 launches (BN, warps, stages)
     python bench/bench_moe_kernels.py --ab --down Q4_K       # another down type (Q4_0, Q8_0, Q4_K, Q5_K, Q6_K)
     python bench/bench_moe_kernels.py --ab --routes 16,64,256,512,1024 --bm 1,16,32   # route counts: where int8 pays
+    python bench/bench_moe_kernels.py --route-sweep --tokens 1,8   # one route per program: other launches
 
 
 One MoE layer's experts are ~390 MB, beyond any L2 cache, so one layer per graph replay. ``--ab`` times the
@@ -42,6 +43,26 @@ def layer(gate_up_type: str, down_type: str):
 
 def expert_gigabytes(tokens: int, gu, dn) -> float:
     return min(E, tokens * K) * (gu.shape[0] // E * gu.shape[1] + dn.shape[0] // E * dn.shape[1]) / 1e9
+
+
+def route_variant(fn, args, launches: dict):
+    """``fn(*args)`` one route per program with ``triton_moe.DP4A_ROUTE`` updated by ``launches`` while it runs."""
+    def run():
+        saved = dict(triton_moe.DP4A_ROUTE), moe_triton.DECODE_ROUTES
+        triton_moe.DP4A_ROUTE.update(launches)
+        moe_triton.DECODE_ROUTES = 1 << 30
+        try:
+            return fn(*args)
+        finally:
+            triton_moe.DP4A_ROUTE.clear()
+            triton_moe.DP4A_ROUTE.update(saved[0])
+            moe_triton.DECODE_ROUTES = saved[1]
+    return run
+
+
+# one route per program (BN, BK, warps): gate_up's type ("default") and down's Q6_K, each varied alone
+ROUTE_SWEEP = {"default": [(2, 2048, 1), (4, 2048, 2), (2, 1024, 1), (4, 1024, 1), (4, 2048, 4), (8, 1024, 2)],
+               "Q6_K": [(1, 256, 1), (4, 256, 1), (4, 256, 2), (8, 256, 2), (2, 256, 2)]}
 
 
 def variant(fn, args, int8: bool, bm: int, config=None):
@@ -81,6 +102,8 @@ def main() -> None:
     parser.add_argument("--ab", action="store_true", help="route blocks: int8 tensor cores vs the float kernel")
     parser.add_argument("--bm", default="16", help="route-block sizes (BM) for --ab, comma-separated")
     parser.add_argument("--sweep", action="store_true", help="with --ab: more int8 launches (BN, warps, stages)")
+    parser.add_argument("--route-sweep", action="store_true",
+                        help="one route per program: other (BN, BK, warps) launches (TOOLKIT_MOE_ROUTE_LAUNCH form)")
     parser.add_argument("--gate-up", default="Q4_K")
     parser.add_argument("--down", default="Q6_K")
     opts = parser.parse_args()
@@ -100,6 +123,21 @@ def main() -> None:
         args = (x, gu, gu_type, dn, dn_type, w, ids)
         fn = runtime.resolve("gguf_fused_moe", *args)
         gigabytes = expert_gigabytes(tokens, gu, dn)
+        if opts.route_sweep:
+            fns = {"route " + ";".join(f"{k}={','.join(map(str, v))}" for k, v in triton_moe.DP4A_ROUTE.items()):
+                   route_variant(fn, args, {})}
+            for name, launches in ROUTE_SWEEP.items():
+                for launch in launches:
+                    fns[f"route {name}={','.join(map(str, launch))}"] = route_variant(fn, args, {name: launch})
+            reference = variant(fn, args, False, 16)().float()
+            for label, run in list(fns.items()):
+                error = (run().float() - reference).abs().max().item() / reference.abs().max().item()
+                assert error < 5e-2, (label, error)          # int8 rounding, not a wrong launch
+            times = time_variants(fns, 1)
+            print(f"T={tokens} ({tokens * K} routes), one route per program, ms per layer:")
+            for label, us in sorted(times.items(), key=lambda item: item[1]):
+                print(f"  {label:40s} {us / 1000:7.3f} ms  ~{gigabytes / us * 1e6:5.0f} GB/s")
+            continue
         if not opts.ab:
             us = time_variants({"dispatched": lambda: fn(*args)}, 1)["dispatched"]
             print(f"T={tokens:4d} triton fused MoE (CUDA graph) {us / 1000:.3f} ms  ~{gigabytes / us * 1e6:.0f} GB/s "

@@ -98,9 +98,28 @@ def gguf_moe_dp4a_kernel(xq_ptr, xd_ptr, w_ptr, out_ptr, expert_ptr, weight_ptr,
              mask=(offs_n < N)[None, :])
 
 
-# One route per program on 8-bit activations (the dense decode GEMV's launch shape: one warp, one row,
-# whole-row steps); Q6_K, whose unpacking is longer, takes two rows per program as there.
-DP4A_ROUTE = {"default": (1, 2048, 1), "Q6_K": (2, 1024, 1)}   # BN, BK, warps
+# One route per program on 8-bit activations, one warp each: BN rows, BK-column steps. An expert's rows are
+# short (Qwen3-30B-A3B: gate/up 2,048 columns, down 768), so the dense decode GEMV's one row per program
+# (1, 2048, 1; Q6_K 2, 1024, 1) left each program ~1 KB of weights and ran at ~1.6 TB/s at batch 8.
+# bench/bench_moe_kernels.py --route-sweep --tokens 1,8 (H100, session 8, gate/up Q4_K, down Q6_K), ms per
+# layer at T=1 / T=8: old 0.028 / 0.123; gate/up at 2 rows 0.027 / 0.113; down at 4 rows of 256-column
+# steps 0.028 / 0.118 (8 rows or 2 warps: slower). Both in the engine (synthetic Qwen3-30B-A3B Q4_K_M):
+# batch 1 306 -> 316, batch 8 853 -> 1,002 tok/s.
+DP4A_ROUTE = {"default": (2, 2048, 1), "Q6_K": (4, 256, 1)}   # BN, BK, warps
+
+
+def _route_launches(setting: str) -> dict:
+    """``TOOLKIT_MOE_ROUTE_LAUNCH="default=BN,BK,W;Q6_K=BN,BK,W"`` (read when this module loads): other launches
+    for one route per program, to measure them in the engine on a GPU (bench/bench_moe_kernels.py --route-sweep
+    times them per layer)."""
+    launches = {}
+    for item in filter(None, setting.split(";")):
+        name, values = item.split("=")
+        launches[name.strip()] = tuple(int(v) for v in values.split(","))
+    return launches
+
+
+DP4A_ROUTE.update(_route_launches(os.environ.get("TOOLKIT_MOE_ROUTE_LAUNCH", "")))
 
 
 def _dp4a_routes(a, data, qtype, cols_in, rows_out, expert_ids, weights, top_k, routes, per_route):
