@@ -79,6 +79,18 @@ def fresh_registry():
     reset_default_registry()
 
 
+@pytest.fixture
+def runtime_with_test_kernels(monkeypatch):
+    """The kernel runtime, loaded, with registrations a test adds that end with the test."""
+    from toolkit.kernels import runtime  # noqa: PLC0415
+
+    runtime.candidates("rms_norm", "cpu")  # the registry is loaded before it is copied
+    monkeypatch.setattr(runtime, "_OPS", {name: list(impls) for name, impls in runtime._OPS.items()})
+    monkeypatch.setattr(runtime, "_CANDIDATES", {})
+    monkeypatch.setattr(runtime, "_RESOLVED", {})
+    return runtime
+
+
 @pytest.fixture(autouse=True, scope="session")
 def _private_tokenizer_cache(tmp_path_factory):
     """Built GGUF tokenizers are cached under a session folder, never the user's cache."""

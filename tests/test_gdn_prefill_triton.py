@@ -111,20 +111,8 @@ def test_chunked_gated_delta_rule_kernel_resumes_and_runs_without_state():
     assert (state[0] == 7.0).all()
 
 
-@pytest.fixture
-def private_runtime(monkeypatch):
-    """The kernel runtime with registrations that end with the test."""
-    from toolkit.kernels import runtime  # noqa: PLC0415
-
-    runtime.candidates("gated_delta_rule_prefill", "cpu")  # the registry is loaded before it is copied
-    monkeypatch.setattr(runtime, "_OPS", {name: list(impls) for name, impls in runtime._OPS.items()})
-    monkeypatch.setattr(runtime, "_CANDIDATES", {})
-    monkeypatch.setattr(runtime, "_RESOLVED", {})
-    return runtime
-
-
 @here
-def test_layer_prefill_through_the_kernels_matches_references(private_runtime):
+def test_layer_prefill_through_the_kernels_matches_references(runtime_with_test_kernels):
     """A Gated DeltaNet layer's prefill of one packed step (a fresh prompt crossing a chunk boundary,
     one continuing a chunked prefill from its slot's states, a one-token continuation) through the
     kernels (registered for CPU here) equals the same step through the torch references: outputs and
@@ -162,7 +150,7 @@ def test_layer_prefill_through_the_kernels_matches_references(private_runtime):
         def counted(*args, _fn=fn, _name=name, **kwargs):
             calls.append(_name)
             return _fn(*args, **kwargs)
-        private_runtime.register(name, counted, device="cpu", priority=100, owner="test")
+        runtime_with_test_kernels.register(name, counted, device="cpu", priority=100, owner="test")
     out, states = prefill()
     assert sorted(calls) == sorted(tp.OPS)  # each kernel ran once
     torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-4)

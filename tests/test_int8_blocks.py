@@ -92,20 +92,8 @@ def test_requests_merge_and_absent_consumers_ask_nothing():
     assert requested(Consumer(Int8Input(False)), 4) == Int8Input(False)
 
 
-@pytest.fixture
-def private_runtime(monkeypatch):
-    """The kernel runtime with registrations that end with the test."""
-    from toolkit.kernels import runtime  # noqa: PLC0415
-
-    runtime.candidates("rms_norm", "cpu")  # the registry is loaded before it is copied
-    monkeypatch.setattr(runtime, "_OPS", {name: list(impls) for name, impls in runtime._OPS.items()})
-    monkeypatch.setattr(runtime, "_CANDIDATES", {})
-    monkeypatch.setattr(runtime, "_RESOLVED", {})
-    return runtime
-
-
 @pytest.mark.parametrize("kind", ["llama", "qwen3_moe"])
-def test_engine_hands_blocks_on_without_changing_tokens(kind, tmp_path, private_runtime, monkeypatch):
+def test_engine_hands_blocks_on_without_changing_tokens(kind, tmp_path, runtime_with_test_kernels, monkeypatch):
     """Every producer of a GGUF model writes blocks when its consumers ask (here: asked to on a CPU, whose GGUF
     matmul reads x as it is): the engine's greedy tokens stay those of a run where nobody asks, in inference
     mode (no version counters), and the norms and gated activations attach in every layer."""
@@ -126,9 +114,9 @@ def test_engine_hands_blocks_on_without_changing_tokens(kind, tmp_path, private_
     greedy = SamplingParams(max_tokens=5, temperature=0, ignore_eos=True)
     expected = [o.token_ids for o in LLM(toolkit.load(str(tmp_path / "m.gguf"), device="cpu"),
                                          max_num_seqs=4).generate(prompts, greedy)]
-    private_runtime.register("gguf_int8_input", lambda data, qtype, cols, tokens: Int8Input(sums=True),
+    runtime_with_test_kernels.register("gguf_int8_input", lambda data, qtype, cols, tokens: Int8Input(sums=True),
                              device="cpu", priority=100, owner="test")
-    private_runtime.register("gguf_moe_int8_input", lambda data, qtype, cols, routes: Int8Input(sums=False),
+    runtime_with_test_kernels.register("gguf_moe_int8_input", lambda data, qtype, cols, routes: Int8Input(sums=False),
                              device="cpu", priority=100, owner="test")
     attached_by = []
     original = int8_blocks.attach
