@@ -83,6 +83,18 @@ def handoff_enabled() -> bool:
     return os.environ.get("TOOLKIT_INT8_HANDOFF", "1") != "0"
 
 
+def scheme_request(module, method: str, *args) -> Int8Input | None:
+    """``module.scheme.<method>(module, *args)`` (a quant scheme's ``int8_input`` / ``moe_int8_input``), asked
+    once per arguments and kept on the module (call it after loading: the answer follows the loaded weights);
+    None where the scheme has no such method."""
+    cache = module.__dict__.setdefault("_int8_inputs", {})
+    key = (method, *args)
+    if key not in cache:
+        ask = getattr(module.scheme, method, None)
+        cache[key] = ask(module, *args) if ask is not None else None
+    return cache[key]
+
+
 def requested(consumer, tokens: int) -> Int8Input | None:
     """``consumer.int8_input(tokens)``, or None: no consumer, one without the method, hand-off turned off, or
     under ``torch.compile`` (a compiled region carries no tensor attributes)."""

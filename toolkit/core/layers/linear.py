@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ...kernels.int8_blocks import scheme_request
 from ..params import ModelParameter, require_divisible
 from ..parallel import ParallelContext
 from ..quant import QuantScheme
@@ -40,11 +41,7 @@ class LinearBase(nn.Module):
     def int8_input(self, tokens: int):
         """What the scheme's matmul reads for ``tokens`` rows besides x: ``Int8Input`` (int8 blocks its
         producer may write, ``kernels/int8_blocks.py``) or None. Asked once per token count (after loading)."""
-        cache = self.__dict__.setdefault("_int8_inputs", {})
-        if tokens not in cache:
-            ask = getattr(self.scheme, "int8_input", None)
-            cache[tokens] = ask(self, tokens) if ask is not None else None
-        return cache[tokens]
+        return scheme_request(self, "int8_input", tokens)
 
     def load_weight(self, param_name: str, loaded, shard_id: int | None) -> None:
         raise NotImplementedError

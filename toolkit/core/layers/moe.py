@@ -19,6 +19,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ...kernels.int8_blocks import scheme_request
 from ..errors import ShapeMismatchError, ToolkitError
 from ..params import ModelParameter, Placement, require_divisible
 from ..parallel import ParallelContext
@@ -80,11 +81,7 @@ class FusedMoE(nn.Module):
     def int8_input(self, tokens: int, top_k: int):
         """What the scheme's experts read of x for ``tokens`` rows routed to ``top_k`` experts each
         (``kernels/int8_blocks.py``), or None. Asked once per token count (after loading)."""
-        cache = self.__dict__.setdefault("_int8_inputs", {})
-        if (tokens, top_k) not in cache:
-            ask = getattr(self.scheme, "moe_int8_input", None)
-            cache[tokens, top_k] = ask(self, tokens, top_k) if ask is not None else None
-        return cache[tokens, top_k]
+        return scheme_request(self, "moe_int8_input", tokens, top_k)
 
     def _local_routes(self, topk_weights, topk_ids):
         """Routes to other ranks' experts get weight 0 (and a valid local id) on this rank."""

@@ -25,12 +25,11 @@ import triton.language as tl
 
 from ..gguf.triton_dp4a import STEP_AXES, _axes, gemv_step
 from ..gguf.triton_kernels import _weights_and_x
-from ..gguf.triton_mmq import MMQ_TYPES, mmq_tile
-from ..gguf.triton_mmq import MMQ_MIN_TYPES
+from ..gguf.triton_mmq import MMQ_MIN_TYPES, MMQ_TYPES, mmq_tile
 from ..gguf.triton_ops import (_HARDWARE_DP4A, DP4A_STEP, WORD_GROUP, _codebook, _dp4a_ok, _matmul_tile_width,
                                _packed_ok, _tile_width, _type_args, activation_blocks, mmq_activations)
-from ..int8_blocks import Int8Input, handoff_enabled
 from ..gguf.types import type_name, type_size
+from ..int8_blocks import Int8Input, handoff_enabled
 from ..moe_triton import block_rows, route_block, run_moe, store_routes
 from . import expert_shapes
 
@@ -219,11 +218,22 @@ DECODE = (8, 512, 4)   # BN, BK, warps for one route per program (the GEMV of gg
 GROUPED = (64, 128, 4)  # BN, BK, warps for 16-route blocks (gguf_matmul's small-batch config)
 
 
+def _int8_route_kernel(data, qtype: int, cols_in: int, bm: int, routes: int):
+    """The int8-activation kernel ``_grouped_matmul`` takes for one projection (``_dp4a_routes`` for one route
+    per program, ``mmq_routes`` for route blocks), or None (the float kernel)."""
+    if bm == 1 and _dp4a_ok(data, qtype, cols_in):   # the dense GEMV's conditions
+        return _dp4a_routes
+    if bm >= 16 and _mmq_routes_ok(qtype, cols_in, routes):
+        return mmq_routes
+    return None
+
+
 def _grouped_matmul(x, a, data, qtype, cols_in, rows_out, route, block_expert, weights, bm, top_k, routes,
                     num_experts, per_route):
-    if bm == 1 and _dp4a_ok(data, qtype, cols_in):   # the dense GEMV's conditions
+    kernel = _int8_route_kernel(data, qtype, cols_in, bm, routes)
+    if kernel is _dp4a_routes:
         return _dp4a_routes(a, data, qtype, cols_in, rows_out, block_expert, weights, top_k, routes, per_route)
-    if bm >= 16 and _mmq_routes_ok(qtype, cols_in, routes):
+    if kernel is mmq_routes:
         return mmq_routes(a, data, qtype, cols_in, rows_out, route, block_expert, weights, bm, top_k, routes,
                           num_experts, per_route)
     bn, bk_wanted, warps = DECODE if bm == 1 else GROUPED
@@ -251,12 +261,10 @@ LARGE_BLOCKS = (2048, 32)
 def projection_int8_input(data: torch.Tensor, qtype: int, cols_in: int, routes: int) -> Int8Input | None:
     """What ``_grouped_matmul`` reads for one projection of ``routes`` routes: int8 blocks (with sums for the
     mmq kernel's minimum-term types) where an int8 kernel serves, else None."""
-    bm = block_rows(routes, LARGE_BLOCKS)
-    if bm == 1 and _dp4a_ok(data, qtype, cols_in):
-        return Int8Input(sums=False)
-    if bm >= 16 and _mmq_routes_ok(qtype, cols_in, routes):
-        return Int8Input(sums=type_name(qtype) in MMQ_MIN_TYPES)
-    return None
+    kernel = _int8_route_kernel(data, qtype, cols_in, block_rows(routes, LARGE_BLOCKS), routes)
+    if kernel is None:
+        return None
+    return Int8Input(sums=kernel is mmq_routes and type_name(qtype) in MMQ_MIN_TYPES)
 
 
 def gguf_moe_int8_input(gate_up: torch.Tensor, gate_up_qtype: int, hidden: int, routes: int) -> Int8Input | None:
