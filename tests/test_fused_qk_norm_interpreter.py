@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from triton_interpreter import interpreted_modules, rerun_in_fresh_process, start_interpreter
+from triton_interpreter import interpreted_fused_ops, rerun_in_fresh_process, start_interpreter
 
 INTERPRETED = start_interpreter("test_fused_kernels.py")
 from toolkit.kernels import reference  # noqa: E402
@@ -19,8 +19,7 @@ from toolkit.kernels import reference  # noqa: E402
 here = pytest.mark.skipif(not INTERPRETED, reason="Triton was imported compiled; run in a fresh process")
 
 if INTERPRETED:
-    _, _, ops = interpreted_modules("toolkit.kernels.triton_int8", "toolkit.kernels.fused.triton_kernels",
-                                    "toolkit.kernels.fused.ops")
+    ops = interpreted_fused_ops()
 
 
 @pytest.mark.skipif(INTERPRETED, reason="this process runs the tests itself")

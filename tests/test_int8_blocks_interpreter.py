@@ -12,11 +12,13 @@ earlier, one test runs this file in a fresh process with the interpreter on (tes
 """
 from __future__ import annotations
 
+import importlib
+
 import pytest
 import torch
 
 from int8_checks import assert_blocks
-from triton_interpreter import interpreted_modules, rerun_in_fresh_process, start_interpreter
+from triton_interpreter import interpreted_fused_ops, interpreted_gguf_chain, rerun_in_fresh_process, start_interpreter
 
 INTERPRETED = start_interpreter("test_fused_kernels.py")
 from toolkit.kernels import reference  # noqa: E402
@@ -24,8 +26,7 @@ from toolkit.kernels import reference  # noqa: E402
 here = pytest.mark.skipif(not INTERPRETED, reason="Triton was imported compiled; run in a fresh process")
 
 if INTERPRETED:
-    _, _, ops = interpreted_modules("toolkit.kernels.triton_int8", "toolkit.kernels.fused.triton_kernels",
-                                    "toolkit.kernels.fused.ops")
+    ops = interpreted_fused_ops()
 
 
 @pytest.mark.skipif(INTERPRETED, reason="this process runs the tests itself")
@@ -83,10 +84,8 @@ def test_gated_activation_writes_its_output_blocks(cols, sums):
 @pytest.mark.parametrize("sums", [False, True])
 def test_gguf_quantizer_rounds_like_the_fused_kernels(sums):
     """The GGUF activation quantizer (``quantize_activations``) shares ``round_int8_blocks``: same blocks."""
-    modules = interpreted_modules("toolkit.kernels.triton_int8", "toolkit.kernels.gguf.triton_words",
-                                  "toolkit.kernels.gguf.triton_dp4a", "toolkit.kernels.gguf.triton_kernels",
-                                  "toolkit.kernels.gguf.triton_mmq", "toolkit.kernels.triton_reduce",
-                                  "toolkit.kernels.gguf.triton_ops")
+    interpreted_gguf_chain()
+    triton_ops = importlib.import_module("toolkit.kernels.gguf.triton_ops")
     x = _rows(7, 3, 1024, torch.float32)
-    got = modules[-1].quantize_activations(x, sums=sums)
+    got = triton_ops.quantize_activations(x, sums=sums)
     assert_blocks((got[0], got[1], got[2] if sums else None), x, sums)

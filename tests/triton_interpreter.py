@@ -93,3 +93,12 @@ def interpreted_modules(*names: str) -> list:
 def interpreted_gguf_chain() -> None:
     """Make the GGUF and MoE kernel modules run under the interpreter (``interpreted_modules``)."""
     interpreted_modules(*GGUF_CHAIN)
+
+
+# The fused-op kernel modules in import order (the rounding helpers first: the fused kernels call them).
+FUSED_CHAIN = ("toolkit.kernels.triton_int8", "toolkit.kernels.fused.triton_kernels", "toolkit.kernels.fused.ops")
+
+
+def interpreted_fused_ops():
+    """``toolkit.kernels.fused.ops`` with its kernels running under the interpreter (``interpreted_modules``)."""
+    return interpreted_modules(*FUSED_CHAIN)[-1]
