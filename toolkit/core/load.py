@@ -18,6 +18,7 @@ from .config import LoadConfig, ModelConfig
 from .config_checks import check_hf_config, check_model_config
 from .errors import (CheckpointError, InvalidConfigError, MissingTensorError, OptionError, ShapeMismatchError,
                      SourceError, UnexpectedTensorError, UnknownNameError)
+from .gc_pause import collector_paused
 from .names import MappedName, NameContext
 from .parallel import SINGLE, ParallelContext
 from .quant import DEFAULT_SCHEME, QuantScheme
@@ -241,7 +242,15 @@ def open_checkpoint(reference, *, registry: Registry, load_config: LoadConfig, r
 
 def load_local(reference, load_config: LoadConfig, *, parallel: ParallelContext = SINGLE,
                progress: Progress | None = None, registry: Registry | None = None):
-    """Load on this process (one rank). Returns (model, arch, config, scheme, tokenizer, report)."""
+    """Load on this process (one rank). Returns (model, arch, config, scheme, tokenizer, report).
+
+    The cyclic garbage collector is off while it runs (``gc_pause.py`` says why)."""
+    with collector_paused():
+        return _load_local(reference, load_config, parallel=parallel, progress=progress, registry=registry)
+
+
+def _load_local(reference, load_config: LoadConfig, *, parallel: ParallelContext, progress: Progress | None,
+                registry: Registry | None):
     report = LoadReport()
     if registry is None:
         with report.phase("plugins"):  # discovering and importing the plugins: once per process
