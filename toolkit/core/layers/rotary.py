@@ -51,12 +51,16 @@ class RotaryEmbedding(nn.Module):
     def __init__(self, head_dim: int, *, base: float, scaling: dict | None = None, rotary_dim: int | None = None):
         super().__init__()
         self.head_dim, self.rotary_dim = head_dim, rotary_dim or head_dim
-        if torch.empty(0).device.type == "meta":
+        device = torch.empty(0).device  # the build's device (models are built under ``with torch.device(...)``)
+        if device.type == "meta":
             # a build for names and shapes only (convert's): the values are never read, and the first
             # arithmetic on meta tensors imports torch's Python meta kernels (dynamo, sympy: seconds)
             inv_freq = torch.empty(self.rotary_dim // 2)
         else:
-            inv_freq = inverse_frequencies(self.rotary_dim, base, scaling)
+            # computed on the host and copied: on a GPU, computing them there took ~6 kernel launches
+            # per layer during the build, the first of which also loaded those kernels
+            with torch.device("cpu"):
+                inv_freq = inverse_frequencies(self.rotary_dim, base, scaling).to(device)
         self.register_buffer("inv_freq", inv_freq, persistent=False)
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
