@@ -25,6 +25,7 @@ from .quant import DEFAULT_SCHEME, QuantScheme
 from .registry import Registry, default_registry
 from .report import LoadReport
 from .tensor_checks import check_against_checkpoint
+from .transfer import staged_copies
 
 Progress = Callable[[int, int, str], None]  # (done, total, tensor name)
 
@@ -190,7 +191,7 @@ def load_checkpoint(checkpoint: Checkpoint, *, registry: Registry, load_config: 
         model = _build(arch, config, scheme, parallel, load_config.device, config_file(checkpoint))
     report.architecture, report.scheme = arch.name, scheme.name
     context = NameContext(arch, config, frozenset(name for name, _ in model.named_parameters()))
-    with report.phase("load_weights"):
+    with report.phase("load_weights"), staged_copies(load_config.device):  # every copy done when it ends
         stream_weights(model, checkpoint, name_map, context, report, progress)
     with report.phase("finish"):
         check_complete(model, checkpoint)

@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from .errors import ShapeMismatchError, ShardingError, UnexpectedTensorError
+from .transfer import copy_into
 
 Axis = Literal["output", "input"]
 
@@ -160,7 +161,7 @@ class ModelParameter(nn.Parameter):
             chunk = source.narrow(dim, placement.source_start, placement.size)
             target = self.data.narrow(dim, placement.dest_offset, placement.size)
             _check_shape(target, chunk, f"{placement.axis} shard {placement.shard_id}")
-            target.copy_(chunk)
+            copy_into(target, chunk)
         self.loaded_shards.add(placement.shard_id)
 
     def _load_expert_placed(self, source: torch.Tensor, placement: Placement) -> None:
@@ -178,13 +179,13 @@ class ModelParameter(nn.Parameter):
         chunk = source.narrow(dim, placement.source_start, placement.size)
         target = self.data.select(0, placement.expert).narrow(dim, placement.dest_offset, placement.size)
         _check_shape(target, chunk, f"expert {placement.expert} {placement.axis} shard")
-        target.copy_(chunk)
+        copy_into(target, chunk)
         self.loaded_shards.add(placement.shard_id)
 
     def _store_whole(self, loaded: Any) -> None:
         source = _as_tensor(loaded)
         _check_shape(self.data, source, "whole tensor")
-        self.data.copy_(source)
+        copy_into(self.data, source)
 
 
 def _rebuild(cls, data, output_dim, input_dim, shard_ids):

@@ -22,6 +22,7 @@ import torch
 
 from toolkit.core.errors import ShapeMismatchError, ShardingError, UnexpectedTensorError, UnsupportedQuantTypeError
 from toolkit.core.params import ModelParameter, Placement
+from toolkit.core.transfer import copy_into
 from toolkit.kernels.gguf import block_size, bytes_per_row, is_supported, type_name, type_size
 
 SEGMENT_FIELDS = 5  # row_start, rows, qtype, byte_offset, row_bytes
@@ -253,7 +254,7 @@ def _copy_rows(flat: torch.Tensor, segment: Segment, parts: list[torch.Tensor]) 
     row = 0
     for part in parts:
         target = flat.narrow(0, segment.byte_offset + row * segment.row_bytes, part.numel())
-        target.view(part.shape).copy_(part)
+        copy_into(target.view(part.shape), part)  # staged through pinned memory during a CUDA load
         row += part.shape[0]
 
 
