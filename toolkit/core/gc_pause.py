@@ -3,7 +3,7 @@
 A process's first load imports ~170 modules (the plugins, the format's reader, the tokenizer
 library) and creates hundreds of modules and parameters. Those allocations cross the collector's
 thresholds, and a full collection then walks every tracked object of the process, torch's
-included: one such pause was ~0.08 s of a ~0.55 s load of a 1.5B GGUF file on the 2-core dev box
+included: one such pause was ~0.08 s of a ~0.55 s load of a 1.5B quantized model on the 2-core dev box
 (``bench/bench_load_phases.py`` reports it). Nearly everything a load allocates lives on (modules,
 code, the model), so that collection finds little to free; reference counting frees the rest
 either way, paused or not.
