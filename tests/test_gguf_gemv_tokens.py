@@ -31,8 +31,10 @@ def test_tokens_gemv_within_activation_rounding(name):
     blocks = random_blocks(name, rows, cols, np.random.default_rng(5))
     packed, weight = torch.from_numpy(blocks), oracle(blocks, name).double()
     generator = torch.Generator().manual_seed(6)
+    # one step per split, and two steps of 256 columns (the kernel's first step runs before its loop)
     for tokens, config in ((1, ops.GemvConfig(bn=2, bk=512, split=1)), (3, ops.GemvConfig(bn=4, bk=256, split=2)),
-                           (8, ops.GemvConfig(bn=1, bk=512, split=1))):
+                           (8, ops.GemvConfig(bn=1, bk=512, split=1)), (1, ops.GemvConfig(bn=2, bk=256, split=1)),
+                           (5, ops.GemvConfig(bn=1, bk=256, split=1))):
         x = torch.randn(tokens, cols, generator=generator).to(torch.bfloat16)
         got = ops.dp4a_tokens_matmul(x, packed, qtype, cols, config)
         assert got.shape == (tokens, rows) and got.dtype == torch.bfloat16

@@ -294,13 +294,16 @@ def activation_rounding_bound(x: torch.Tensor, weight: torch.Tensor) -> torch.Te
 @pytest.mark.parametrize("name", ["Q4_0", "Q5_0", "Q8_0", "Q4_K", "Q5_K", "Q6_K"])
 def test_tokens_gemv_within_activation_rounding(name):
     """The token-unrolled dp4a GEMV (triton_gemv_tokens) against float64 on the dequantized weight:
-    within the activation rounding bound for 1-8 tokens, rows off the program size, several launches."""
+    within the activation rounding bound for 1 to the most tokens gguf_matmul sends it (4 or 8), rows off the
+    program size, several launches (with programmatic dependent launch on an H100: ``kernels/triton_pdl``).
+    Larger token counts are not dispatched, and their 8-token Q6_K kernels alone take ~25 s to compile."""
     from toolkit.kernels.gguf import triton_ops
-    configs = (None, triton_ops.GemvConfig(bn=2, bk=256, split=2, num_warps=2))
+    configs = (None, triton_ops.GemvConfig(bn=2, bk=256, split=2, num_warps=2),   # one to eight steps per program
+               triton_ops.GemvConfig(bn=1, bk=256, split=1, num_warps=1))
     for rows, cols in ((37, 1024), (130, 2048), (3, 256)):
         packed, qtype = cuda_case(name, rows, cols, 17)
         weight = gguf_dequantize(packed, qtype, cols, torch.float32)
-        for tokens in (1, 3, 8):
+        for tokens in (1, 3, triton_ops.TOKENS_MAX_TOKENS[name]):
             x = torch.randn(tokens, cols, device="cuda").to(torch.bfloat16)
             exact = x.double() @ weight.double().T
             bound = 3 * 2 ** -8 * (x.double().abs() @ weight.double().abs().T) + activation_rounding_bound(x, weight)

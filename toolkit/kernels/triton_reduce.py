@@ -11,9 +11,13 @@ import torch
 import triton
 import triton.language as tl
 
+from .triton_pdl import launch_options, wait_for_previous
+
 
 @triton.jit
-def sum_middle_kernel(x_ptr, out_ptr, N, stride_m, stride_s, S: tl.constexpr, BN: tl.constexpr):
+def sum_middle_kernel(x_ptr, out_ptr, N, stride_m, stride_s, S: tl.constexpr, BN: tl.constexpr,
+                      PDL: tl.constexpr = False):
+    wait_for_previous(PDL)                                          # kernels/triton_pdl
     m, pid_n = tl.program_id(0), tl.program_id(1)
     n = pid_n * BN + tl.arange(0, BN)
     ok = n < N
@@ -32,7 +36,7 @@ def sum_middle(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     if out.numel():
         bn = min(1024, triton.next_power_of_2(cols))
         sum_middle_kernel[(rows, triton.cdiv(cols, bn))](x, out, cols, x.stride(0), x.stride(1), S=parts, BN=bn,
-                                                          num_warps=4 if bn >= 512 else 1)
+                                                          num_warps=4 if bn >= 512 else 1, **launch_options(x.device))
     return out
 
 

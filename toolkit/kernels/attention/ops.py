@@ -4,6 +4,7 @@ from __future__ import annotations
 import torch
 import triton
 
+from ..triton_pdl import launch_options
 from .triton_kernels import paged_attention_kernel, store_kv_kernel
 
 MAX_HEAD_DIM = 256
@@ -36,7 +37,8 @@ def _paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), v_cache.stride(0), v_cache.stride(1),
         v_cache.stride(2), block_tables.stride(0),
         HEAD_DIM=head_dim, GROUP=num_heads // num_kv_heads, PAGE=k_cache.shape[1], USE_SOFTCAP=softcap > 0,
-        USE_WINDOW=sliding_window > 0, PRECISION="ieee" if q.dtype == torch.float32 else "tf32", **config)
+        USE_WINDOW=sliding_window > 0, PRECISION="ieee" if q.dtype == torch.float32 else "tf32", **config,
+        **launch_options(q.device))
     return out
 
 

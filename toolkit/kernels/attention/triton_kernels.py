@@ -8,6 +8,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from ..triton_pdl import wait_for_previous
+
 
 @triton.jit(do_not_specialize=["stride_bt", "sliding_window"])  # block-table width changes every few steps
 def paged_attention_kernel(
@@ -17,10 +19,11 @@ def paged_attention_kernel(
         stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, stride_bt,
         HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
         BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr, PAGE: tl.constexpr,
-        USE_SOFTCAP: tl.constexpr, USE_WINDOW: tl.constexpr, PRECISION: tl.constexpr):
+        USE_SOFTCAP: tl.constexpr, USE_WINDOW: tl.constexpr, PRECISION: tl.constexpr, PDL: tl.constexpr = False):
     """Program (seq, kv_head, q_tile): BLOCK_Q query tokens x the GROUP query heads sharing kv_head,
     flattened into BLOCK_Q * GROUP_PAD rows, attend causally over the sequence's paged context
-    with an online softmax (fp32 accumulation)."""
+    with an online softmax (fp32 accumulation). ``PDL``: ``kernels/triton_pdl``."""
+    wait_for_previous(PDL)
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
     q_tile = tl.program_id(2)

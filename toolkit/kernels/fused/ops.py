@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 import triton
 
+from ..triton_pdl import launch_options
 from .triton_kernels import gated_activation_kernel, rms_norm_kernel, rotary_heads_kernel
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -45,7 +46,7 @@ def _launch_norm(x, residual, weight, eps: float, weight_offset: float, sums: bo
             total.stride(0), float(eps), float(weight_offset), HAS_RESIDUAL=residual is not None,
             HAS_OFFSET=bool(weight_offset), BLOCK=block, q_ptr=None if words is None else words.view(torch.int8),
             d_ptr=scales, s_ptr=block_sums if block_sums is not None else scales, QUANT=sums is not None,
-            SUMS=bool(sums), num_warps=_norm_warps(block))
+            SUMS=bool(sums), num_warps=_norm_warps(block), **launch_options(x.device))
     return out.view(x.shape), (total.view(x.shape) if residual is not None else None), words, scales, block_sums
 
 
@@ -115,7 +116,7 @@ def rotary_qk(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, inv_fre
             positions, inv_freq, positions, q, k, k, q_out, k_out, k_out, q_heads, q.stride(0), k.stride(0),
             k.stride(0), q_out.stride(0), k_out.stride(0), 0, head_dim, 0, 0, 0, inv_freq, inv_freq, 0.0, 0.0,
             PAGE=1, STORE_KV=False,
-            **_rotary_config(head_dim, rotary_dim))
+            **_rotary_config(head_dim, rotary_dim), **launch_options(q.device))
     return q_out, k_out
 
 
@@ -152,7 +153,7 @@ def _launch_store(positions, q, k, v, inv_freq, head_dim: int, rotary_dim: int, 
             v.stride(0), q_out.stride(0), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), v_cache.stride(0),
             v_cache.stride(1), v_cache.stride(2), q_weight, k_weight, float(eps), float(offset),
             PAGE=k_cache.shape[1], STORE_KV=True, NORM=norm is not None, HAS_OFFSET=bool(offset),
-            **_rotary_config(head_dim, rotary_dim))
+            **_rotary_config(head_dim, rotary_dim), **launch_options(q.device))
     return q_out
 
 
@@ -221,7 +222,7 @@ def _launch_gated(x: torch.Tensor, activation: str, sums: bool | None):
             flat, out, cols, flat.stride(0), out.stride(0), ACT=ACTIVATION_CODES[activation], BLOCK=block,
             q_ptr=None if words is None else words.view(torch.int8), d_ptr=scales,
             s_ptr=block_sums if block_sums is not None else scales, QUANT=sums is not None, SUMS=bool(sums),
-            num_warps=4)
+            num_warps=4, **launch_options(x.device))
     return out.view(*x.shape[:-1], cols), words, scales, block_sums
 
 

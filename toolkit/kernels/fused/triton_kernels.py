@@ -19,6 +19,7 @@ import triton
 import triton.language as tl
 
 from ..triton_int8 import store_int8_blocks
+from ..triton_pdl import wait_for_previous
 
 try:  # Triton >= 3.0
     from triton.language.extra import libdevice
@@ -31,22 +32,25 @@ LIBDEVICE = tl.constexpr(os.environ.get("TRITON_INTERPRET") != "1")  # the inter
 @triton.jit
 def rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, sum_ptr, n_cols, stride_x, stride_res, stride_out, stride_sum,
                     eps, offset, HAS_RESIDUAL: tl.constexpr, HAS_OFFSET: tl.constexpr, BLOCK: tl.constexpr,
-                    q_ptr=None, d_ptr=None, s_ptr=None, QUANT: tl.constexpr = False, SUMS: tl.constexpr = False):
+                    q_ptr=None, d_ptr=None, s_ptr=None, QUANT: tl.constexpr = False, SUMS: tl.constexpr = False,
+                    PDL: tl.constexpr = False):
     """One row per program: ``s = x (+ residual)`` (rounded to x's dtype and stored if a residual
     is given), ``out = s / rms(s) * w`` (``* (offset + w)`` with an offset).
 
     With ``QUANT`` the stored ``out`` is also rounded to int8 blocks of 32 (``triton_int8``): int8
-    ``q [rows, n_cols]``, float32 scales and (``SUMS``) block sums ``[rows, n_cols / 32]``, contiguous."""
+    ``q [rows, n_cols]``, float32 scales and (``SUMS``) block sums ``[rows, n_cols / 32]``, contiguous.
+    ``PDL``: the norm weight is read before waiting for the kernel before (``triton_pdl``)."""
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < n_cols
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    wait_for_previous(PDL)
     x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0)
     if HAS_RESIDUAL:
         x = x + tl.load(res_ptr + row * stride_res + cols, mask=mask, other=0.0)
         tl.store(sum_ptr + row * stride_sum + cols, x, mask=mask)
     xf = x.to(tl.float32)
     inv = 1.0 / tl.sqrt(tl.sum(xf * xf, axis=0) / n_cols + eps)
-    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
     if HAS_OFFSET:  # Gemma: (offset + w) in float32, one rounding at the end (as the reference)
         out = xf * inv * (offset + w)
     else:  # Llama: the normalised value is rounded to x's dtype before the weight multiplies it
@@ -113,7 +117,8 @@ def rotary_heads_kernel(pos_ptr, inv_freq_ptr, slot_ptr, q_ptr, k_ptr, v_ptr, q_
                         qw_ptr, kw_ptr, eps, offset,
                         HEAD_DIM: tl.constexpr, HALF: tl.constexpr, BLOCK_HALF: tl.constexpr, PASS: tl.constexpr,
                         BLOCK_PASS: tl.constexpr, BLOCK_D: tl.constexpr, PAGE: tl.constexpr,
-                        STORE_KV: tl.constexpr, NORM: tl.constexpr = False, HAS_OFFSET: tl.constexpr = False):
+                        STORE_KV: tl.constexpr, NORM: tl.constexpr = False, HAS_OFFSET: tl.constexpr = False,
+                        PDL: tl.constexpr = False):
     """Program (token t, head h): rotates q head h (h < q_heads) into ``q_out[t]``, or kv head
     ``h - q_heads`` of k into its destination, and with ``STORE_KV`` copies v's head there too.
 
@@ -128,12 +133,14 @@ def rotary_heads_kernel(pos_ptr, inv_freq_ptr, slot_ptr, q_ptr, k_ptr, v_ptr, q_
     on an H100 for one token); one head each, every program does one load round trip and one
     store, in parallel. The angles ``position * inv_freq`` (float32, as the reference) and their
     cos/sin are computed per program, HALF values: cheaper than reading a table of them, which
-    would be a second memory round trip after the position's.
+    would be a second memory round trip after the position's. ``PDL``: the frequencies are read
+    before waiting for the kernel before (``triton_pdl``).
     """
     row = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
     i = tl.arange(0, BLOCK_HALF)
     freq = tl.load(inv_freq_ptr + i, mask=i < HALF, other=0.0).to(tl.float32)
+    wait_for_previous(PDL)
     angle = tl.load(pos_ptr + row).to(tl.float32) * freq
     if LIBDEVICE:
         cos, sin = libdevice.cos(angle), libdevice.sin(angle)   # accurate for large angles, unlike sin.approx
@@ -164,10 +171,11 @@ def rotary_heads_kernel(pos_ptr, inv_freq_ptr, slot_ptr, q_ptr, k_ptr, v_ptr, q_
 @triton.jit
 def gated_activation_kernel(x_ptr, out_ptr, n_cols, stride_x, stride_out, ACT: tl.constexpr, BLOCK: tl.constexpr,
                             q_ptr=None, d_ptr=None, s_ptr=None, QUANT: tl.constexpr = False,
-                            SUMS: tl.constexpr = False):
+                            SUMS: tl.constexpr = False, PDL: tl.constexpr = False):
     """``out[r, c] = act(x[r, c]) * x[r, n_cols + c]``; ACT 0 = silu, 1 = gelu (tanh approximation),
     2 = gelu (erf). Grid: (rows, column blocks). ``QUANT``/``SUMS``: the output's int8 blocks as in
-    ``rms_norm_kernel`` (``BLOCK`` a multiple of 32)."""
+    ``rms_norm_kernel`` (``BLOCK`` a multiple of 32). ``PDL``: ``triton_pdl``."""
+    wait_for_previous(PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < n_cols

@@ -28,6 +28,7 @@ import triton
 import triton.language as tl
 
 from ..triton_int8 import round_int8_blocks
+from ..triton_pdl import wait_for_previous
 from .triton_words import _k_scale_min, _u16, _u32, half_bits
 
 Q4_0, Q5_0, Q8_0 = (tl.constexpr(v) for v in (2, 6, 8))
@@ -80,11 +81,13 @@ def _spread_bits(h):
 
 
 @triton.jit
-def quantize_activations_kernel(x_ptr, q_ptr, d_ptr, s_ptr, K, stride_x, BK: tl.constexpr, SUMS: tl.constexpr):
+def quantize_activations_kernel(x_ptr, q_ptr, d_ptr, s_ptr, K, stride_x, BK: tl.constexpr, SUMS: tl.constexpr,
+                                PDL: tl.constexpr = False):
     """Program (token t, column tile): int8 blocks of 32, packed 4 to an int32 word, and their scales.
 
     ``q[t, K / 4]`` int32 words (byte i of word w = column 4w + i), ``d[t, K / 32]`` float32; with
-    ``SUMS`` also ``s[t, K / 32] = d * sum(q)`` of each block (float32)."""
+    ``SUMS`` also ``s[t, K / 32] = d * sum(q)`` of each block (float32). ``PDL``: ``triton_pdl``."""
+    wait_for_previous(PDL)
     t, kb = tl.program_id(0), tl.program_id(1)
     G: tl.constexpr = BK // 32
     cols = kb * BK + tl.arange(0, BK)

@@ -21,6 +21,7 @@ import triton
 import triton.language as tl
 
 from .triton_dp4a import LOW2, LOW4, ONES, Q4_0, Q4_K, Q5_K, Q6_K, Q8_0, _spread_bits, _u32_from_u16, dp4a
+from ..triton_pdl import wait_for_previous
 from .triton_words import _k_scale_min, _u16, _u32, half_bits
 
 HIGH: tl.constexpr = tl.constexpr(0x80808080)
@@ -72,26 +73,35 @@ def _dot_sum(w, x, DP4A: tl.constexpr):
 # ---- Q4_0 / Q5_0 / Q8_0: tensors [BN, G, words] (row, 32-block, word of the block)
 
 @triton.jit
-def _legacy_weights(w_ptr, row_off, k0, QTYPE: tl.constexpr, TS: tl.constexpr, BK: tl.constexpr):
-    """``(d, lo, hi)``: block scales ``[BN, G, 1]`` and signed-byte words; Q8_0's 8 words of a block are
-    ``lo`` (``hi`` repeats it), Q4_0/Q5_0's columns 4i.. in ``lo [BN, G, 4]`` and 16 + 4i.. in ``hi``."""
+def _legacy_raw(w_ptr, row_off, k0, QTYPE: tl.constexpr, TS: tl.constexpr, BK: tl.constexpr):
+    """The step's packed fields as loaded: ``(d bits [BN, G, 1], quant words, Q5_0's high-bit word)``."""
     g = tl.arange(0, BK // 32)[None, :, None]
     block = w_ptr + row_off[:, None, None] + (k0 // 32 + g) * TS                           # [BN, G, 1]
-    d = half_bits(_u16(block, 0))
+    d = _u16(block, 0)
+    i = tl.arange(0, 4)[None, None, :]
     if QTYPE == Q8_0:
-        lo = _u32_from_u16(block + 2, tl.arange(0, 8)[None, None, :])
-        hi = lo
+        return d, _u32_from_u16(block + 2, tl.arange(0, 8)[None, None, :]), d
+    elif QTYPE == Q4_0:
+        return d, _u32_from_u16(block + 2, i), d
     else:
-        i = tl.arange(0, 4)[None, None, :]
-        if QTYPE == Q4_0:
-            w = _u32_from_u16(block + 2, i)
-            lo, hi = _signed(w & LOW4, 8), _signed((w >> 4) & LOW4, 8)
-        else:
-            w = _u32_from_u16(block + 6, i)
-            qh = _u32_from_u16(block + 2, 0 * i)                          # bit j: fifth bit of column j
-            lo = _signed((w & LOW4) | _spread_bits((qh >> (4 * i)) & 15), 16)
-            hi = _signed(((w >> 4) & LOW4) | _spread_bits((qh >> (16 + 4 * i)) & 15), 16)
-    return d, lo, hi
+        return d, _u32_from_u16(block + 6, i), _u32_from_u16(block + 2, 0 * i)
+
+
+@triton.jit
+def _legacy_weights(raw, QTYPE: tl.constexpr):
+    """``(d, lo, hi)``: block scales ``[BN, G, 1]`` and signed-byte words; Q8_0's 8 words of a block are
+    ``lo`` (``hi`` repeats it), Q4_0/Q5_0's columns 4i.. in ``lo [BN, G, 4]`` and 16 + 4i.. in ``hi``."""
+    d_bits, w, qh = raw
+    d = half_bits(d_bits)
+    if QTYPE == Q8_0:
+        return d, w, w
+    elif QTYPE == Q4_0:
+        return d, _signed(w & LOW4, 8), _signed((w >> 4) & LOW4, 8)
+    else:
+        i = tl.arange(0, 4)[None, None, :]                             # bit j of qh: fifth bit of column j
+        lo = _signed((w & LOW4) | _spread_bits((qh >> (4 * i)) & 15), 16)
+        hi = _signed(((w >> 4) & LOW4) | _spread_bits((qh >> (16 + 4 * i)) & 15), 16)
+        return d, lo, hi
 
 
 @triton.jit
@@ -113,26 +123,34 @@ def _legacy_token(d, lo, hi, xq_row, xd_row, k0, QTYPE: tl.constexpr, BK: tl.con
 # ---- Q4_K / Q5_K: tensors [BN, G, 4, 8] (row, super-block, 64-column group, word)
 
 @triton.jit
-def _q45k_weights(w_ptr, row_off, k0, QTYPE: tl.constexpr, TS: tl.constexpr, BK: tl.constexpr):
-    """``(d * scale, dmin * min)`` of each group's low and high 32-block ``[BN, G, 4, 1]``, and the
-    group's low/high quants ``[BN, G, 4, 8]`` (bytes 0..15, or 0..31 for Q5_K)."""
+def _q45k_raw(w_ptr, row_off, k0, QTYPE: tl.constexpr, TS: tl.constexpr, BK: tl.constexpr):
+    """The step's packed words as loaded: header ``(d, dmin)`` and the 3 scale words ``[BN, G, 1, 1]``, the
+    quant words ``[BN, G, 4, 8]``, and Q5_K's high-bit words ``[BN, G, 1, 8]`` (Q4_K: the quants again)."""
     s = tl.arange(0, BK // 256)[None, :, None, None]
     j = tl.arange(0, 4)[None, None, :, None]
     i = tl.arange(0, 8)[None, None, None, :]
     sb = w_ptr + row_off[:, None, None, None] + (k0 // 256 + s) * TS                        # [BN, G, 1, 1]
-    header = _u32(sb, 0)
-    d, dmin = half_bits(header), half_bits(header >> 16)
-    words0, words1, words2 = _u32(sb + 4, 0), _u32(sb + 4, 1), _u32(sb + 4, 2)
-    scale_lo, min_lo = _k_scale_min(words0, words1, words2, 2 * j)
-    scale_hi, min_hi = _k_scale_min(words0, words1, words2, 2 * j + 1)
+    header, words0, words1, words2 = _u32(sb, 0), _u32(sb + 4, 0), _u32(sb + 4, 1), _u32(sb + 4, 2)
     if QTYPE == Q4_K:
         w = _u32(sb + 16, 8 * j + i)
-        lo, hi = w & LOW4, (w >> 4) & LOW4
+        return header, words0, words1, words2, w, w
     else:
-        w = _u32(sb + 48, 8 * j + i)
-        qh = _u32(sb + 16, i)
-        lo = (w & LOW4) | (((qh >> (2 * j)) & ONES) << 4)
-        hi = ((w >> 4) & LOW4) | (((qh >> (2 * j + 1)) & ONES) << 4)
+        return header, words0, words1, words2, _u32(sb + 48, 8 * j + i), _u32(sb + 16, i)
+
+
+@triton.jit
+def _q45k_weights(raw, QTYPE: tl.constexpr):
+    """``(d * scale, dmin * min)`` of each group's low and high 32-block ``[BN, G, 4, 1]``, and the
+    group's low/high quants ``[BN, G, 4, 8]`` (bytes 0..15, or 0..31 for Q5_K)."""
+    header, words0, words1, words2, w, qh = raw
+    j = tl.arange(0, 4)[None, None, :, None]
+    d, dmin = half_bits(header), half_bits(header >> 16)
+    scale_lo, min_lo = _k_scale_min(words0, words1, words2, 2 * j)
+    scale_hi, min_hi = _k_scale_min(words0, words1, words2, 2 * j + 1)
+    lo, hi = w & LOW4, (w >> 4) & LOW4
+    if QTYPE == Q5_K:
+        lo = lo | (((qh >> (2 * j)) & ONES) << 4)
+        hi = hi | (((qh >> (2 * j + 1)) & ONES) << 4)
     return d * scale_lo, dmin * min_lo, d * scale_hi, dmin * min_hi, lo, hi
 
 
@@ -154,25 +172,31 @@ def _q45k_token(scale_lo, min_lo, scale_hi, min_hi, lo, hi, xq_row, xd_row, xs_r
 # ---- Q6_K: tensors [BN, G, 2, 2, 4] (row, super-block, 128-column half, 16-column run, word)
 
 @triton.jit
-def _q6k_weights(w_ptr, row_off, k0, TS: tl.constexpr, BK: tl.constexpr):
-    """The 4 column runs of each half: signed-byte words ``[BN, G, 2, 2, 4]`` and ``d * scale``
-    ``[BN, G, 2, 2, 1]`` each (layout as in ``triton_dp4a._q6k_step``)."""
+def _q6k_raw(w_ptr, row_off, k0, TS: tl.constexpr, BK: tl.constexpr):
+    """The step's packed fields as loaded: ql words of the 4 runs' low nibbles (two sets), qh words
+    ``[BN, G, 2, 2, 4]``, d's bits ``[BN, G, 1, 1, 1]`` and the runs' int8 scales ``[BN, G, 2, 2, 1]``."""
     s = tl.arange(0, BK // 256)[None, :, None, None, None]
     n = tl.arange(0, 2)[None, None, :, None, None]
     sub = tl.arange(0, 2)[None, None, None, :, None]
     i = 4 * sub + tl.arange(0, 4)[None, None, None, None, :]
     sb = w_ptr + row_off[:, None, None, None, None] + (k0 // 256 + s) * TS
-    ql_a = _u32_from_u16(sb + 64 * n, i)
-    ql_b = _u32_from_u16(sb + 64 * n, 8 + i)
-    qh = _u32_from_u16(sb + 128 + 32 * n, i)
-    d = half_bits(_u16(sb + 208, 0))
     scales = (sb + 192 + 8 * n + sub).to(tl.pointer_type(tl.int8))       # run r's scale: scales[2r]
+    return (_u32_from_u16(sb + 64 * n, i), _u32_from_u16(sb + 64 * n, 8 + i), _u32_from_u16(sb + 128 + 32 * n, i),
+            _u16(sb + 208, 0), tl.load(scales), tl.load(scales + 2), tl.load(scales + 4), tl.load(scales + 6))
+
+
+@triton.jit
+def _q6k_weights(raw):
+    """The 4 column runs of each half: signed-byte words ``[BN, G, 2, 2, 4]`` and ``d * scale``
+    ``[BN, G, 2, 2, 1]`` each (layout as in ``triton_dp4a._q6k_step``)."""
+    ql_a, ql_b, qh, d_bits, sc0, sc1, sc2, sc3 = raw
+    d = half_bits(d_bits)
     v0 = _signed((ql_a & LOW4) | ((qh & LOW2) << 4), 32)
     v1 = _signed((ql_b & LOW4) | (((qh >> 2) & LOW2) << 4), 32)
     v2 = _signed(((ql_a >> 4) & LOW4) | (((qh >> 4) & LOW2) << 4), 32)
     v3 = _signed(((ql_b >> 4) & LOW4) | (((qh >> 6) & LOW2) << 4), 32)
-    return (v0, v1, v2, v3, d * tl.load(scales).to(tl.float32), d * tl.load(scales + 2).to(tl.float32),
-            d * tl.load(scales + 4).to(tl.float32), d * tl.load(scales + 6).to(tl.float32))
+    return (v0, v1, v2, v3, d * sc0.to(tl.float32), d * sc1.to(tl.float32), d * sc2.to(tl.float32),
+            d * sc3.to(tl.float32))
 
 
 @triton.jit
@@ -197,14 +221,26 @@ def _q6k_token(v0, v1, v2, v3, sc0, sc1, sc2, sc3, xq_row, xd_row, k0, BK: tl.co
 # ---- the kernel
 
 @triton.jit
-def _weights(w_ptr, row_off, k0, QTYPE: tl.constexpr, TS: tl.constexpr, BK: tl.constexpr):
+def _raw(w_ptr, row_off, k0, QTYPE: tl.constexpr, TS: tl.constexpr, BK: tl.constexpr):
+    """The step's packed weights as loaded (the type's ``*_raw`` tuple), apart from their unpacking
+    (``_weights``): the first step's are loaded before the kernel waits for its activations."""
+    if QTYPE == Q4_K or QTYPE == Q5_K:
+        return _q45k_raw(w_ptr, row_off, k0, QTYPE, TS, BK)
+    elif QTYPE == Q6_K:
+        return _q6k_raw(w_ptr, row_off, k0, TS, BK)
+    else:
+        return _legacy_raw(w_ptr, row_off, k0, QTYPE, TS, BK)
+
+
+@triton.jit
+def _weights(raw, QTYPE: tl.constexpr):
     """The step's unpacked weights as a tuple (the type's ``*_weights``)."""
     if QTYPE == Q4_K or QTYPE == Q5_K:
-        return _q45k_weights(w_ptr, row_off, k0, QTYPE, TS, BK)
+        return _q45k_weights(raw, QTYPE)
     elif QTYPE == Q6_K:
-        return _q6k_weights(w_ptr, row_off, k0, TS, BK)
+        return _q6k_weights(raw)
     else:
-        return _legacy_weights(w_ptr, row_off, k0, QTYPE, TS, BK)
+        return _legacy_weights(raw, QTYPE)
 
 
 @triton.jit
@@ -246,32 +282,51 @@ def _store(out_ptr, acc, t: tl.constexpr, T, N, pid_k, offs_n, QTYPE: tl.constex
 
 
 @triton.jit
+def _step(w, accs, xq_ptr, xd_ptr, xs_ptr, T, K, k0, QTYPE: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr,
+          DP4A: tl.constexpr):
+    """The 8 token accumulators after one step's unpacked weights ``w`` (tokens past ``BM`` untouched)."""
+    acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7 = accs
+    acc0 += _token(w, xq_ptr, xd_ptr, xs_ptr, 0, T, K, k0, QTYPE, BK, DP4A)
+    if BM > 1:
+        acc1 += _token(w, xq_ptr, xd_ptr, xs_ptr, 1, T, K, k0, QTYPE, BK, DP4A)
+    if BM > 2:
+        acc2 += _token(w, xq_ptr, xd_ptr, xs_ptr, 2, T, K, k0, QTYPE, BK, DP4A)
+        acc3 += _token(w, xq_ptr, xd_ptr, xs_ptr, 3, T, K, k0, QTYPE, BK, DP4A)
+    if BM > 4:
+        acc4 += _token(w, xq_ptr, xd_ptr, xs_ptr, 4, T, K, k0, QTYPE, BK, DP4A)
+        acc5 += _token(w, xq_ptr, xd_ptr, xs_ptr, 5, T, K, k0, QTYPE, BK, DP4A)
+        acc6 += _token(w, xq_ptr, xd_ptr, xs_ptr, 6, T, K, k0, QTYPE, BK, DP4A)
+        acc7 += _token(w, xq_ptr, xd_ptr, xs_ptr, 7, T, K, k0, QTYPE, BK, DP4A)
+    return acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7
+
+
+@triton.jit
 def gemv_tokens_kernel(xq_ptr, xd_ptr, xs_ptr, w_ptr, out_ptr, T, N, K, K_SPLIT, row_bytes,
                        QTYPE: tl.constexpr, TS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-                       BK: tl.constexpr, DP4A: tl.constexpr):
+                       BK: tl.constexpr, DP4A: tl.constexpr, PDL: tl.constexpr = False):
     """``out[pid_k, t, n] = sum over columns pid_k * K_SPLIT .. of W[n] . x_hat[t]`` for every token
     ``t < T <= BM <= 8``, ``BN`` rows per program. ``xq [T, K / 4]`` int32 words, ``xd [T, K / 32]``
-    float32 scales, ``xs [T, K / 32]`` their ``d * sum(q)`` (read for Q4_K/Q5_K only)."""
+    float32 scales, ``xs [T, K / 32]`` their ``d * sum(q)`` (read for Q4_K/Q5_K only). ``PDL``: the
+    first step's weights are loaded before waiting for the kernel that wrote the activations
+    (``triton_pdl``); their load overlaps its end.
+
+    The first step runs outside the loop for that, so the step's code is there twice: compiling takes
+    about twice as long at 1-4 tokens and up to ~10x at 8 (Q6_K: 2.3 -> 24 s on the 2-core dev box,
+    once per launch shape, then Triton's cache)."""
     pid_n, pid_k = tl.program_id(0), tl.program_id(1)
     offs_n = pid_n * BN + tl.arange(0, BN)
     row_off = tl.minimum(offs_n, N - 1).to(tl.int64) * row_bytes
-    acc0 = _zeros(BN, QTYPE, BK)
-    acc1, acc2, acc3, acc4, acc5, acc6, acc7 = acc0, acc0, acc0, acc0, acc0, acc0, acc0
+    zeros = _zeros(BN, QTYPE, BK)
     k_start = pid_k * K_SPLIT
-    for k_step in range(0, K_SPLIT, BK):
+    first = _raw(w_ptr, row_off, k_start, QTYPE, TS, BK)      # weights: no kernel of the step writes them
+    wait_for_previous(PDL, LAUNCH_NEXT=False)
+    accs = _step(_weights(first, QTYPE), (zeros, zeros, zeros, zeros, zeros, zeros, zeros, zeros),
+                 xq_ptr, xd_ptr, xs_ptr, T, K, k_start, QTYPE, BM, BK, DP4A)
+    for k_step in range(BK, K_SPLIT, BK):
         k0 = k_start + k_step
-        w = _weights(w_ptr, row_off, k0, QTYPE, TS, BK)
-        acc0 += _token(w, xq_ptr, xd_ptr, xs_ptr, 0, T, K, k0, QTYPE, BK, DP4A)
-        if BM > 1:
-            acc1 += _token(w, xq_ptr, xd_ptr, xs_ptr, 1, T, K, k0, QTYPE, BK, DP4A)
-        if BM > 2:
-            acc2 += _token(w, xq_ptr, xd_ptr, xs_ptr, 2, T, K, k0, QTYPE, BK, DP4A)
-            acc3 += _token(w, xq_ptr, xd_ptr, xs_ptr, 3, T, K, k0, QTYPE, BK, DP4A)
-        if BM > 4:
-            acc4 += _token(w, xq_ptr, xd_ptr, xs_ptr, 4, T, K, k0, QTYPE, BK, DP4A)
-            acc5 += _token(w, xq_ptr, xd_ptr, xs_ptr, 5, T, K, k0, QTYPE, BK, DP4A)
-            acc6 += _token(w, xq_ptr, xd_ptr, xs_ptr, 6, T, K, k0, QTYPE, BK, DP4A)
-            acc7 += _token(w, xq_ptr, xd_ptr, xs_ptr, 7, T, K, k0, QTYPE, BK, DP4A)
+        accs = _step(_weights(_raw(w_ptr, row_off, k0, QTYPE, TS, BK), QTYPE), accs, xq_ptr, xd_ptr, xs_ptr, T, K,
+                     k0, QTYPE, BM, BK, DP4A)
+    acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7 = accs
     _store(out_ptr, acc0, 0, T, N, pid_k, offs_n, QTYPE)
     if BM > 1:
         _store(out_ptr, acc1, 1, T, N, pid_k, offs_n, QTYPE)

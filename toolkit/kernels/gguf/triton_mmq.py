@@ -30,6 +30,7 @@ import os
 import triton
 import triton.language as tl
 
+from ..triton_pdl import wait_for_previous
 from .triton_words import Q4_0, Q4_K, Q5_K, Q8_0, _u16, _u32, half_bits
 
 MMQ_TYPES = {"Q4_0": 32, "Q8_0": 32, "Q4_K": 256, "Q5_K": 256, "Q6_K": 256}   # type -> columns of one block
@@ -248,13 +249,15 @@ def mmq_tile(x_rows, xd_rows, xs_rows, x_ok, row, part, part_cols, QTYPE: tl.con
 
 @triton.jit
 def mmq_kernel(xq_ptr, xd_ptr, xs_ptr, w_ptr, out_ptr, tokens, rows, cols, split_cols, stride_w, stride_out,
-               stride_split, QTYPE: tl.constexpr, TS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
+               stride_split, QTYPE: tl.constexpr, TS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+               PDL: tl.constexpr = False):
     """Program (row tile, token tile, K split): ``out[split, BM, BN] = x_hat @ W.T`` over its
-    ``split_cols`` columns (whole blocks of the type).
+    ``split_cols`` columns (whole blocks of the type). ``PDL``: ``kernels/triton_pdl``.
 
     ``xq [T, cols]`` int8 (for Q4_0 each block permuted: position 2i + h holds column i + 16h),
     ``xd [T, cols / 32]`` float32 scales, ``xs [T, cols / 32]`` float32
     ``d * sum(q)`` per block (Q4_K's and Q5_K's minimum term); ``w [rows, row bytes]`` packed."""
+    wait_for_previous(PDL, LAUNCH_NEXT=False)
     pid_n, pid_m, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     n = pid_n * BN + tl.arange(0, BN)
     m = pid_m * BM + tl.arange(0, BM)

@@ -33,6 +33,7 @@ from .triton_kernels import dequantize_kernel, matmul_kernel
 from .triton_mmq import MMQ_MIN_TYPES, MMQ_TYPES, mmq_kernel
 from ..int8_blocks import Int8Blocks, Int8Input, attached
 from ..launch import l2_bytes, num_sms, split_k
+from ..triton_pdl import launch_options
 from ..triton_reduce import sum_splits
 
 # Scale sub-block per type: the tile width must be a multiple of it.
@@ -261,7 +262,7 @@ def quantize_activations(x: torch.Tensor, sums: bool = False):
     block_sums = torch.empty_like(scales) if sums else scales
     bk = _tile_width(cols, 512)
     quantize_activations_kernel[(tokens, cols // bk)](x, words, scales, block_sums, cols, x.stride(0), BK=bk,
-                                                      SUMS=sums)
+                                                      SUMS=sums, **launch_options(x.device))
     return (words, scales, block_sums) if sums else (words, scales)
 
 
@@ -284,7 +285,8 @@ def dp4a_tokens_matmul(x: torch.Tensor, data: torch.Tensor, qtype: int, cols: in
     gemv_tokens_kernel[(grid_n, split)](
         words, scales, scales if sums is None else sums, data, out, tokens, rows, cols, cols // split,
         data.stride(0), QTYPE=int(qtype), TS=type_size(qtype), BM=triton.next_power_of_2(tokens), BN=config.bn,
-        BK=bk, DP4A=_HARDWARE_DP4A, num_warps=config.num_warps, num_stages=config.num_stages)
+        BK=bk, DP4A=_HARDWARE_DP4A, num_warps=config.num_warps, num_stages=config.num_stages,
+        **launch_options(x.device))
     return out[0] if split == 1 else sum_splits(out, x.dtype)
 
 
@@ -318,7 +320,7 @@ def mmq_matmul(x: torch.Tensor, data: torch.Tensor, qtype: int, cols: int, bm: i
     mmq_kernel[(*grid_nm, split)](
         quants, scales, sums, data, out, tokens, rows, cols, cols // split, data.stride(0), out.stride(1),
         out.stride(0), QTYPE=int(qtype), TS=type_size(qtype), BM=bm, BN=bn, num_warps=num_warps,
-        num_stages=num_stages)
+        num_stages=num_stages, **launch_options(x.device))
     return out[0] if split == 1 else sum_splits(out, x.dtype)
 
 
