@@ -7,13 +7,11 @@ interpreter switch does not reach it. Skipped where Triton is not installed (CI)
 from __future__ import annotations
 
 import importlib.util
-import json
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
+
+from triton_interpreter import compile_in_fresh_process
 
 pytestmark = pytest.mark.slow
 
@@ -55,10 +53,7 @@ SCRIPT = textwrap.dedent("""
 
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="Triton is not installed")
 def test_mmq_kernels_compile_for_sm90_within_shared_memory():
-    env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
-    done = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, env=env, timeout=900)
-    assert done.returncode == 0, done.stderr[-3000:]
-    results = json.loads(done.stdout.strip().splitlines()[-1])
+    results = compile_in_fresh_process(SCRIPT)
     assert len(results) == 11
     for result in results:
         assert result["shared"] <= H100_SHARED_BYTES, result

@@ -12,13 +12,11 @@ H100, where PDL is on by default. Skipped where Triton is not installed (CI); sl
 from __future__ import annotations
 
 import importlib.util
-import json
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
+
+from triton_interpreter import compile_in_fresh_process
 
 pytestmark = pytest.mark.slow
 
@@ -84,10 +82,7 @@ def _first(lines: list[str], *needles: str) -> int:
 
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="Triton is not installed")
 def test_decode_kernels_wait_before_they_write_and_the_gemv_loads_weights_first():
-    env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
-    done = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, env=env, timeout=900)
-    assert done.returncode == 0, done.stderr[-3000:]
-    cases = json.loads(done.stdout.strip().splitlines()[-1])
+    cases = compile_in_fresh_process(SCRIPT)
     assert len(cases) == 8
     for name, ptx in cases.items():
         lines = ptx.splitlines()

@@ -3,10 +3,13 @@
 The interpreter switch (``TRITON_INTERPRET=1``) is read when ``@triton.jit`` decorates, so a file
 whose process imported Triton compiled earlier (a run of several files) cannot interpret its
 kernels; it then reruns itself in a fresh process with the switch on (``rerun_in_fresh_process``).
+The files that compile kernels for a GPU ahead of time do the opposite: a fresh process with the
+switch off (``compile_in_fresh_process``).
 """
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import re
 import subprocess
@@ -23,6 +26,15 @@ def rerun_in_fresh_process(path: str) -> None:
     assert done.returncode == 0, done.stdout[-3000:]
     summary = done.stdout.strip().splitlines()[-1]
     assert re.fullmatch(r"\d+ passed, 1 skipped(, \d+ warnings?)? in .*", summary), done.stdout[-1000:]  # all but the caller ran
+
+
+def compile_in_fresh_process(script: str):
+    """Run ``script`` (Python printing JSON on its last line) in a fresh process without the interpreter
+    switch, so Triton compiles for real; that JSON, decoded."""
+    env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def fix_loop_bounds() -> None:
