@@ -18,10 +18,10 @@ from __future__ import annotations
 
 import os
 import time
-from importlib.metadata import entry_points
 from pathlib import Path
 
 from .convert_output import SIDECAR_SUFFIXES, ConvertResult, parse_target, size, staged
+from .entry_point_scan import entry_points
 from .errors import ConversionError
 
 GROUP = "toolkit.direct_convert"
@@ -34,7 +34,7 @@ def direct_plan(source, to: str, *, overrides=(), source_format: str | None = No
     from .plugins import _is_enabled  # noqa: PLC0415 - the same allow/block lists as plugin discovery
 
     fmt, kind = parse_target(to)
-    for ep in entry_points(group=GROUP):
+    for ep, _ in entry_points(GROUP):
         if ep.name == fmt and _is_enabled(ep.name):
             return ep.load()(source, kind, overrides=tuple(overrides), source_format=source_format)
     return None
