@@ -28,3 +28,12 @@ def split_k(num_programs: int, k_tiles: int, device: torch.device) -> int:
     while k_tiles % split:
         split -= 1
     return split
+
+
+def tile_width(cols: int, wanted: int, unit: int = 1) -> int:
+    """The widest power-of-two multiple of ``unit``, at most ``max(wanted, unit)``, that divides ``cols``;
+    0 if none does (``cols`` not a multiple of ``unit``). The K step of the GGUF and bitsandbytes matmuls."""
+    width = max(wanted, unit)
+    while width >= unit and cols % width:
+        width //= 2
+    return width if width >= unit else 0

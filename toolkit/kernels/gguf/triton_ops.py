@@ -33,6 +33,7 @@ from .triton_kernels import dequantize_kernel, matmul_kernel
 from .triton_mmq import MMQ_MIN_TYPES, MMQ_TYPES, mmq_kernel
 from ..int8_blocks import Int8Blocks, Int8Input, attached
 from ..launch import l2_bytes, num_sms, split_k
+from ..launch import tile_width as _tile_width  # the MoE kernels import it from here
 from ..triton_pdl import launch_options
 from ..triton_reduce import sum_splits
 
@@ -176,14 +177,6 @@ def _type_args(qtype: int) -> dict:
 @functools.lru_cache(maxsize=None)
 def _codebook(device: torch.device) -> torch.Tensor:
     return torch.tensor(IQ4_NL_VALUES, dtype=torch.float32, device=device)
-
-
-def _tile_width(cols: int, wanted: int) -> int:
-    """The widest power-of-two tile <= ``wanted`` that divides ``cols`` (cols is whole 32-blocks)."""
-    width = wanted
-    while cols % width:
-        width //= 2
-    return width
 
 
 def _packed_ok(data: torch.Tensor, qtype: int, cols: int) -> bool:
