@@ -9,6 +9,8 @@ turns them off (``TOOLKIT_BNB_TRITON=0``), so bitsandbytes' own path can be time
 
     python bench/bench_bnb_decode.py --out /tmp/bnb
     python bench/bench_bnb_decode.py --out /tmp/bnb --bitsandbytes    # also bitsandbytes' path
+    python bench/bench_bnb_decode.py --out /tmp/bnb --without-mma     # also 2..16 tokens without the
+                                                                      # tensor-core kernels (TOOLKIT_BNB_MMA=0)
 """
 from __future__ import annotations
 
@@ -31,6 +33,10 @@ def main() -> None:
     parser.add_argument("--batch-sizes", default="1,8")
     parser.add_argument("--bitsandbytes", action="store_true",
                         help="also run each bnb scheme with the Triton kernels off (bitsandbytes' own matmuls)")
+    parser.add_argument("--schemes", default=",".join(s or "dense" for s in SCHEMES),
+                        help="comma list of the schemes to run (dense: dense bf16)")
+    parser.add_argument("--without-mma", action="store_true",
+                        help="also run each bnb scheme with the tensor-core kernels off (TOOLKIT_BNB_MMA=0)")
     args = parser.parse_args()
 
     import toolkit  # noqa: PLC0415
@@ -44,11 +50,14 @@ def main() -> None:
         write_checkpoint(path, args.size)
     sizes = [int(s) for s in args.batch_sizes.split(",")]
     rows = []
-    runs = [(scheme, True) for scheme in SCHEMES]
+    schemes = [None if s == "dense" else s for s in args.schemes.split(",")]
+    runs = [(scheme, "1", "1") for scheme in schemes]  # (scheme, TOOLKIT_BNB_TRITON, TOOLKIT_BNB_MMA)
+    if args.without_mma:
+        runs += [(scheme, "1", "0") for scheme in schemes if scheme]
     if args.bitsandbytes:
-        runs += [(scheme, False) for scheme in SCHEMES if scheme]
-    for scheme, triton_on in runs:
-        os.environ["TOOLKIT_BNB_TRITON"] = "1" if triton_on else "0"
+        runs += [(scheme, "0", "1") for scheme in schemes if scheme]
+    for scheme, triton_on, mma_on in runs:
+        os.environ["TOOLKIT_BNB_TRITON"], os.environ["TOOLKIT_BNB_MMA"] = triton_on, mma_on
         runtime.invalidate()
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
@@ -57,7 +66,8 @@ def main() -> None:
         runner = llm.executor.runner
         result = benchmark.run(llm, sizes, 128, 128)
         for row in result:
-            label = (scheme or "dense bf16") + ("" if triton_on or not scheme else " (bitsandbytes)")
+            label = (scheme or "dense bf16") + ("" if not scheme else " (bitsandbytes)" if triton_on == "0"
+                                                else " (no mma)" if mma_on == "0" else "")
             rows.append({"scheme": label, "batch": row["batch_size"], "tpot_ms": row["tpot_p50_ms"],
                          "graphs": runner.graphs is not None, "note": runner.graph_note})
             print(json.dumps(rows[-1]), flush=True)

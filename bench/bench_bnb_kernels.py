@@ -3,11 +3,13 @@ ran before: ``matmul_4bit`` / LLM.int8) and a dense bf16 matmul of the same shap
 
     python bench/bench_bnb_kernels.py                        # TinyLlama-1.1B's shapes, T = 1, 8, 16
     python bench/bench_bnb_kernels.py --tokens 1,2,4,8,16 --sweep   # also alternative launch configs
+    python bench/bench_bnb_kernels.py --kinds nf4,int8 --tokens 8 --sweep-mma   # the tensor-core kernels' launches
     python bench/bench_bnb_kernels.py --kinds nf4 --shapes 4096x4096,14336x4096 --tokens 1,8
 
 Columns: ``tokens`` is the token-unrolled GEMV (``triton_gemv_tokens``) at its table's launch for T
 (``FOURBIT_TOKENS_CONFIG`` / ``INT8_TOKENS_CONFIG``), ``first`` the first Triton kernels
-(``triton_kernels``) at their default launch, then bitsandbytes and dense bf16. A shape whose rows are
+(``triton_kernels``) at their default launch, ``mma`` the tensor-core kernels (``triton_mma``) at
+theirs (``mma_ops.FOURBIT_MMA_CONFIG`` / ``INT8_MMA_CONFIG``), then bitsandbytes and dense bf16. A shape whose rows are
 a sum (``2048+256+256x2048``: TinyLlama's q/k/v, ``5632+5632x2048``: gate/up) is a fused projection:
 ``tokens`` runs its segments in one launch (statistics gathered as the bnb scheme lays them out),
 bitsandbytes and ``first`` one call per segment plus a concatenation, as the scheme did before.
@@ -17,7 +19,9 @@ each variant runs over enough distinct weights (>= 256 MB of dense bf16, beyond 
 graph; the median of 20 replays per weight, best of 2 interleaved passes. Variants bitsandbytes
 cannot capture (LLM.int8 with a threshold) are timed launch by launch with ``do_bench`` instead.
 Config labels: ``bm/bn/bk/warps/split[/fma]`` (split ``a``: automatic; fma: no ``tl.dot``) for the
-first kernels; ``tok:bn/bk/warps/split[/lut256]`` for the token-unrolled GEMV.
+first kernels; ``tok:bn/bk/warps/split[/lut256]`` for the token-unrolled GEMV;
+``mma:bn/bk/warps/stages/split`` for the tensor-core kernels (``MMA_SWEEP``, with ``--sweep-mma``; split
+``aN``: automatic, N programs per SM).
 """
 from __future__ import annotations
 
@@ -47,6 +51,13 @@ TOKENS_SWEEP = [(4, 1024, 4, None, 256), (8, 1024, 4, None, 16), (8, 1024, 4, No
                 (4, 512, 4, None, 16), (8, 512, 4, None, 16), (4, 2048, 8, None, 16), (4, 1024, 4, 1, 16)]
 
 
+# Tensor-core kernel alternatives for --sweep-mma: (BN, BK, num_warps, num_stages, split K: a number, or "a" +
+# programs per SM for the automatic split).
+MMA_SWEEP = [(64, 128, 4, 4, 1), (64, 128, 4, 4, 2), (64, 128, 4, 4, 4), (64, 128, 4, 4, 8), (64, 128, 4, 3, 1),
+             (64, 128, 4, 3, 2), (64, 128, 4, 3, 4), (64, 128, 4, 3, 8), (64, 256, 4, 4, 2), (64, 256, 4, 4, 4),
+             (64, 128, 4, 4, "a4"), (64, 128, 4, 4, "a8")]
+
+
 def weights(kind: str, segments: list[int], cols: int, copies: int):
     """``copies`` random weights of ``kind`` made of ``segments`` (rows each): (per-segment args after x
     for bitsandbytes' op, packed bytes of all segments, their QuantStates (gathered) or int8 data and
@@ -71,9 +82,9 @@ def weights(kind: str, segments: list[int], cols: int, copies: int):
 
 
 def variants(kind: str, segments: list[int], cols: int, tokens: int, sweep: bool, copies: int,
-             sweep_first: bool = False) -> dict:
+             sweep_first: bool = False, sweep_mma: bool = False) -> dict:
     """label -> callable computing ``[tokens, rows]`` once per weight copy."""
-    from toolkit.kernels.bnb import triton_ops
+    from toolkit.kernels.bnb import mma_ops, triton_ops
     from toolkit.plugins.quant.bnb import kernels as bnb_path
     made = weights(kind, segments, cols, copies)
     x = torch.randn(tokens, cols, device="cuda", dtype=torch.bfloat16)
@@ -86,14 +97,26 @@ def variants(kind: str, segments: list[int], cols: int, tokens: int, sweep: bool
     if int8:
         tokens_fn = lambda config=None, split=None: [triton_ops.int8_tokens_matmul(x, *stats, config, split)  # noqa: E731
                                                      for _, _, stats, _ in made]
+        mma_fn = lambda config=None, split=None: [mma_ops.int8_mma_matmul(x, *stats, config, split)  # noqa: E731
+                                                  for _, _, stats, _ in made]
         out = {"tokens": tokens_fn, "first": per_segment(first),
                "bnb_threshold0": per_segment(lambda x, *a: bnb_path.bnb_int8_matmul(x, *a, 0.0)),
                "bnb_threshold6": per_segment(lambda x, *a: bnb_path.bnb_int8_matmul(x, *a, 6.0))}
     else:
         tokens_fn = lambda config=None, split=None: [triton_ops.fourbit_tokens_matmul(x, packed, states, config, split)  # noqa: E731
                                                      for _, packed, states, _ in made]
+        mma_fn = lambda config=None, split=None: [  # noqa: E731
+            mma_ops.fourbit_mma_matmul(x, packed, states, config, split) for _, packed, states, _ in made]
         out = {"tokens": tokens_fn, "first": per_segment(first), "bnb": per_segment(bnb_path.bnb_4bit_matmul)}
+    out["mma"] = mma_fn
     out["dense_bf16"] = lambda: [x @ w.T for _, _, _, w in made]
+    for bn, bk, warps, stages, split in MMA_SWEEP if sweep_mma else ():
+        steps = cols // bk
+        if isinstance(split, int) and (steps % split or split > steps):
+            continue
+        config = mma_ops.MmaConfig(bn, bk, warps, stages, split=split if isinstance(split, int) else None,
+                                   programs_per_sm=int(split[1:]) if isinstance(split, str) else 1)
+        out[f"mma:{bn}/{bk}/{warps}/{stages}/{split}"] = lambda config=config: mma_fn(config)
     if not sweep:
         return out
     for bn, bk, warps, split, lut in TOKENS_SWEEP:
@@ -113,16 +136,17 @@ def variants(kind: str, segments: list[int], cols: int, tokens: int, sweep: bool
 
 
 def measure(kind: str, segments: list[int], cols: int, tokens: int, sweep: bool, sweep_first: bool,
-            passes: int = 2) -> dict[str, float]:
+            sweep_mma: bool = False, passes: int = 2) -> dict[str, float]:
     """Microseconds per weight for each variant (bitsandbytes' LLM.int8 syncs with the host: it is
     timed launch by launch)."""
     copies = copies_for(sum(segments), cols)
-    return time_variants(variants(kind, segments, cols, tokens, sweep, copies, sweep_first), copies, passes)
+    return time_variants(variants(kind, segments, cols, tokens, sweep, copies, sweep_first, sweep_mma), copies,
+                         passes)
 
 
 def _compile_job(job) -> str:
-    kind, segments, cols, tokens, sweep, sweep_first = job
-    for fn in variants(kind, segments, cols, tokens, sweep, 1, sweep_first).values():
+    kind, segments, cols, tokens, sweep, sweep_first, sweep_mma = job
+    for fn in variants(kind, segments, cols, tokens, sweep, 1, sweep_first, sweep_mma).values():
         fn()
     torch.cuda.synchronize()
     return f"{kind} {'+'.join(map(str, segments))}x{cols} T={tokens}"
@@ -152,6 +176,7 @@ def main(argv=None) -> None:
     parser.add_argument("--tokens", default="1,8,16")
     parser.add_argument("--sweep", action="store_true", help="also time the token GEMV's alternative launches")
     parser.add_argument("--sweep-first", action="store_true", help="also time the first kernels' alternatives")
+    parser.add_argument("--sweep-mma", action="store_true", help="also time the tensor-core kernels' alternatives")
     parser.add_argument("--no-precompile", action="store_true", help="compile in this process, as variants run")
     args = parser.parse_args(argv)
     shapes = []
@@ -160,26 +185,28 @@ def main(argv=None) -> None:
         shapes.append(([int(r) for r in rows.split("+")], int(cols)))
     token_counts = [int(t) for t in args.tokens.split(",")]
     if not args.no_precompile:
-        precompile([(kind, segments, cols, tokens, args.sweep, args.sweep_first) for kind in args.kinds.split(",")
+        precompile([(kind, segments, cols, tokens, args.sweep, args.sweep_first, args.sweep_mma)
+                    for kind in args.kinds.split(",")
                     for segments, cols in shapes for tokens in token_counts])
     copy_gbs = copy_bandwidth()
     print(f"device: {torch.cuda.get_device_name()}  torch {torch.__version__}  "
           f"device-to-device copy: {copy_gbs:.0f} GB/s (read + written)")
-    print("| kind | weight | T | tokens us | first us | bitsandbytes us | dense bf16 us | bnb/tokens | tokens/dense | "
-          "tokens GB/s | other variants (us) |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    print("| kind | weight | T | tokens us | first us | mma us | bitsandbytes us | dense bf16 us | bnb/tokens | "
+          "tokens/dense | mma/dense | tokens GB/s | other variants (us) |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for kind in args.kinds.split(","):
         for segments, cols in shapes:
             rows = sum(segments)
             for tokens in token_counts:
-                times = measure(kind, segments, cols, tokens, args.sweep, args.sweep_first)
-                base, first, dense = times["tokens"], times["first"], times["dense_bf16"]
+                times = measure(kind, segments, cols, tokens, args.sweep, args.sweep_first, args.sweep_mma)
+                base, first, dense, mma = times["tokens"], times["first"], times["dense_bf16"], times["mma"]
                 bnb = times.get("bnb", times.get("bnb_threshold0"))
                 others = "  ".join(f"{label}={us:.1f}" for label, us in sorted(times.items(), key=lambda kv: kv[1])
-                                   if label not in ("tokens", "first", "dense_bf16", "bnb", "bnb_threshold0"))
+                                   if label not in ("tokens", "first", "mma", "dense_bf16", "bnb", "bnb_threshold0"))
                 name = "+".join(map(str, segments))
-                print(f"| {kind} | {name}x{cols} | {tokens} | {base:.1f} | {first:.1f} | {bnb:.1f} | {dense:.1f} | "
-                      f"{bnb / base:.2f} | {base / dense:.2f} | {weight_bytes(kind, rows, cols) / base / 1e3:.0f} | "
+                print(f"| {kind} | {name}x{cols} | {tokens} | {base:.1f} | {first:.1f} | {mma:.1f} | {bnb:.1f} | "
+                      f"{dense:.1f} | {bnb / base:.2f} | {base / dense:.2f} | {mma / dense:.2f} | "
+                      f"{weight_bytes(kind, rows, cols) / base / 1e3:.0f} | "
                       f"{others} |", flush=True)
 
 

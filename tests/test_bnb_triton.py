@@ -7,6 +7,9 @@ Skipped where Triton is not installed and on CUDA machines. The interpreter swit
 ``@triton.jit`` decorates, so it must be set before Triton is first imported: where this process
 imported Triton earlier (a run of several files), one test runs this file in a fresh process.
 
+The tensor-core kernels (``triton_mma``) run here with their codebook loads; on a GPU they decode with the
+PTX of ``mma_ops.decode_asm`` instead (tests/test_bnb_decode_asm.py, tests/test_bnb_mma_gpu.py).
+
 Two interpreter limits of Triton 3.6 shape these tests: it calls ``int()`` on a one-element numpy
 array for a loop bound taken from a kernel argument, which numpy >= 2.4 rejects, so ``fix_loop_bounds``
 (tests/triton_interpreter.py) makes that conversion take the array's single element (the interpreter only; compiled kernels never
@@ -28,7 +31,8 @@ here = pytest.mark.skipif(not INTERPRETED, reason="Triton was imported compiled;
 
 
 if INTERPRETED:
-    _, ops = interpreted_modules("toolkit.kernels.bnb.triton_kernels", "toolkit.kernels.bnb.triton_ops")
+    _, _, mma, ops = interpreted_modules("toolkit.kernels.bnb.triton_kernels", "toolkit.kernels.bnb.triton_mma",
+                                         "toolkit.kernels.bnb.mma_ops", "toolkit.kernels.bnb.triton_ops")
 
 
 @pytest.mark.skipif(INTERPRETED, reason="this process runs the tests itself")
@@ -164,3 +168,48 @@ def test_int8_tokens_kernel_matches_bitsandbytes_dequantize(tokens, dtype):
     for split in (1, 2):
         got = ops.int8_tokens_matmul(x, data, scb, ops.TokensConfig(bn=8, bk=64, num_warps=1), split=split)
         _close(got, expected, dtype)
+
+
+# ---- the tensor-core kernels (triton_mma), float16 (the interpreter's bfloat16 tl.dot is wrong) ---------
+# (tokens, quant type, nested, block size, rows per program, columns per step, splits): 24 rows at BN=16 leave
+# a partial row tile; 128-column steps of 32-column blocks take 4 chunks, of 256-column blocks half a block.
+FOURBIT_MMA_CASES = [(2, "nf4", False, 64, 16, 128, (1, 2)), (5, "nf4", True, 64, 32, 64, (1, 2)),
+                     (16, "fp4", False, 32, 16, 128, (1,)), (3, "fp4", True, 128, 16, 128, (1,)),
+                     (8, "nf4", True, 256, 32, 128, (1, 2))]
+
+
+@here
+@pytest.mark.parametrize("case", FOURBIT_MMA_CASES, ids=lambda c: f"T{c[0]}-{c[1]}-nested{c[2]}-bs{c[3]}")
+def test_4bit_mma_kernel_matches_bitsandbytes_dequantize(case):
+    tokens, quant_type, nested, blocksize, bn, bk, splits = case
+    packed, state = _fourbit_weight(blocksize * 3 + nested, 24, quant_type, nested, blocksize, cols=512)
+    x = torch.randn(tokens, 512, generator=torch.Generator().manual_seed(6)).to(torch.float16)
+    expected = x.float() @ dequantize_4bit(packed, state).float().T
+    for split in splits:
+        got = mma.fourbit_mma_matmul(x, packed, state, mma.MmaConfig(bn=bn, bk=bk, num_warps=4), split=split)
+        _close(got, expected, torch.float16)
+
+
+@here
+def test_4bit_mma_kernel_runs_fused_segments_in_one_launch():
+    """q/k/v-like segments of 24, 8 and 8 rows, double-quantized (row tiles straddle segments at BN=16)."""
+    parts = [_fourbit_weight(seed, rows, "nf4", True, 64) for seed, rows in ((4, 24), (5, 8), (6, 8))]
+    expected_weight = torch.cat([dequantize_4bit(packed, state) for packed, state in parts]).float()
+    packed, states = _gathered(parts)
+    x = torch.randn(4, 256, generator=torch.Generator().manual_seed(8)).to(torch.float16)
+    got = mma.fourbit_mma_matmul(x, packed, states, mma.MmaConfig(bn=16, bk=128, num_warps=4), split=1)
+    _close(got, x.float() @ expected_weight.T, torch.float16)
+
+
+@here
+@pytest.mark.parametrize("tokens,bn,bk", [(2, 16, 64), (9, 32, 128), (16, 16, 256)])
+def test_int8_mma_kernel_matches_bitsandbytes_dequantize(tokens, bn, bk):
+    g = torch.Generator().manual_seed(12)
+    weight = torch.randn(24, 512, generator=g)
+    weight[:, 4] *= 40
+    data, scb, _ = int8_vectorwise_quant(weight.half())
+    x = torch.randn(tokens, 512, generator=g).to(torch.float16)
+    expected = x.float() @ int8_vectorwise_dequant(data, scb).T
+    for split in (1, 2):
+        got = mma.int8_mma_matmul(x, data, scb, mma.MmaConfig(bn=bn, bk=bk, num_warps=4), split=split)
+        _close(got, expected, torch.float16)

@@ -26,16 +26,21 @@ def fourbit_kernel_on(monkeypatch):
     runtime.invalidate()
 
 
-def test_4bit_kernel_takes_only_one_token_calls_by_default(monkeypatch):
-    """Unset, the 4-bit kernels take one-token calls only (measured faster than bitsandbytes there, slower at
-    8 tokens: FOURBIT_DEFAULT_MAX_TOKENS); ``=0`` turns them off."""
+def test_4bit_kernels_by_default(monkeypatch):
+    """Unset, one-token calls take the token-unrolled GEMV and 2..16 tokens the tensor-core kernel
+    (``fourbit_kernel``); ``TOOLKIT_BNB_MMA=0`` leaves 2..16 tokens to bitsandbytes, ``TOOLKIT_BNB_TRITON_4BIT=0``
+    every call."""
     monkeypatch.delenv("TOOLKIT_BNB_TRITON_4BIT")
     runtime.invalidate()
     weight = torch.randn(ROWS, COLS, device="cuda", dtype=torch.bfloat16)
     packed, state = bnb_functional.quantize_4bit(weight, quant_type="nf4")
     one = torch.randn(1, COLS, device="cuda", dtype=torch.bfloat16)
     eight = torch.randn(8, COLS, device="cuda", dtype=torch.bfloat16)
+    assert (ops.fourbit_kernel(1), ops.fourbit_kernel(8)) == ("tokens", "mma")
     assert runtime.resolve("bnb_4bit_matmul", one, packed.view(-1), state, None) is ops.bnb_4bit_matmul
+    assert runtime.resolve("bnb_4bit_matmul", eight, packed.view(-1), state, None) is ops.bnb_4bit_matmul
+    monkeypatch.setenv("TOOLKIT_BNB_MMA", "0")
+    runtime.invalidate()
     assert runtime.resolve("bnb_4bit_matmul", eight, packed.view(-1), state, None) is not ops.bnb_4bit_matmul
     monkeypatch.setenv("TOOLKIT_BNB_TRITON_4BIT", "0")
     runtime.invalidate()

@@ -6,19 +6,18 @@ What is declined: float32 activations (the schemes compute in the model's fp16/b
 4-bit blocks that straddle rows (``K % blocksize``) or rows not a whole number of 32-bit words,
 non-contiguous or misaligned packed data, int8 rows not 4-byte aligned.
 
-Launch shapes (``MatmulConfig``) are chosen by reasoning about a memory-bound GEMV, the way the GGUF
-kernels' measured ones came out (``kernels/gguf/triton_ops.py``): decode takes many small programs
-(8 rows each) with wide K steps (512 columns: 256 bytes of 4-bit or 512 of int8 per row in flight);
-2..16 tokens take ``tl.dot`` tiles of 16 tokens x 64 rows x 128 columns; K is split (``kernels/launch.py``) while there are
-fewer programs than SMs. ``bench/bench_bnb_kernels.py --sweep`` times alternatives on a GPU.
-
-The token-unrolled GEMVs (``triton_gemv_tokens``: each program reads its rows once for all 1..16
-tokens, one accumulator per token) take the calls their tables say (``FOURBIT_TOKENS_CONFIG``,
-``INT8_TOKENS_CONFIG``: up to how many tokens, with which launch); the first kernels keep the rest. The 4-bit
-table covers every small batch, so the first 4-bit kernel (``fourbit_matmul``) no longer serves the op: it
-stays for ``bench/bench_bnb_kernels.py``'s comparison and its tests.
-``bnb_4bit_matmul_segments`` runs a fused projection's segments (q/k/v, gate/up) in one launch of
-the 4-bit GEMV when their statistics lie back to back (``Bnb4bitParameter.gather_statistics``).
+Which kernel takes a call:
+- 4-bit (``fourbit_kernel``): one token, the token-unrolled GEMV (``triton_gemv_tokens``: each program reads
+  its rows once for all tokens, one accumulator per token); 2..16 tokens, the tensor-core kernel
+  (``triton_mma`` via ``mma_ops``), measured at 0.96-1.00x dense bf16's time per token at batch 8 against
+  bitsandbytes' 2.5-3.1x (docs/benchmarks.md).
+- int8: one token, the first weight-only kernel (``triton_kernels``, ``MatmulConfig``: many small programs
+  of 8 rows with 512-column K steps); 2..16 tokens, the tensor-core kernel.
+``TOOLKIT_BNB_MMA=0`` takes the tensor-core kernels out (2..16 tokens of 4-bit go to bitsandbytes, of int8 to
+the first kernel). The first kernels' ``tl.dot`` tiles and the token GEMVs' tables (``FOURBIT_TOKENS_CONFIG``,
+``INT8_TOKENS_CONFIG``) stay for ``bench/bench_bnb_kernels.py``'s comparisons and their tests.
+``bnb_4bit_matmul_segments`` runs a fused projection's segments (q/k/v, gate/up) in one launch when their
+statistics lie back to back (``Bnb4bitParameter.gather_statistics``; ``segments``).
 
 ``TOOLKIT_BNB_TRITON=0`` makes both decline (bitsandbytes runs everything; call
 ``runtime.invalidate()`` after changing it in a running process, as the runtime caches choices).
@@ -31,9 +30,11 @@ from dataclasses import dataclass
 import torch
 import triton
 
-from ..launch import split_k
+from ..launch import split_k, tile_width as _tile_width
 from ..triton_reduce import sum_splits
 from . import SMALL_BATCH_MAX_TOKENS
+from .mma_ops import fourbit_mma_matmul, int8_mma_matmul
+from .segments import cached_byte_table, segment_codes, segment_launch_args, segments_gathered
 from .triton_gemv_tokens import fourbit_tokens_kernel, int8_tokens_kernel
 from .triton_kernels import int8_matmul_kernel, nf4_matmul_kernel
 
@@ -104,29 +105,30 @@ def enabled() -> bool:
 # new / bitsandbytes: T=1 q/k/v in one launch 6.3 / 15.0, 2048x2048 5.9 / 6.4, gate/up 20.1 / 19.3, down
 # 17.1 / 12.4 (49.4 / 53.1 in all), and the engine's NF4 batch-1 TPOT was 0.97x dense bf16 (1.62 / 1.67 ms;
 # bitsandbytes' path measured 1.21x in session 4). At T=8 it lost where K is long (down: 96.4 / 22.8; all four:
-# 182 / 166), and batch 8 went 2.60x dense, so 2-16 tokens stay with bitsandbytes by default.
+# 182 / 166), so 2-16 tokens go to the tensor-core kernel (``mma_ops``), or with ``TOOLKIT_BNB_MMA=0`` to
+# bitsandbytes.
 FOURBIT_DEFAULT_MAX_TOKENS = 1
 
 
-def fourbit_max_tokens() -> int:
-    """The most tokens a 4-bit call sends to the Triton kernels: ``FOURBIT_DEFAULT_MAX_TOKENS`` by default,
-    every small batch (1..SMALL_BATCH_MAX_TOKENS) with ``TOOLKIT_BNB_TRITON_4BIT=1``, none with ``=0``."""
+def mma_enabled() -> bool:
+    """Whether 2..16-token calls may run the tensor-core kernels (``TOOLKIT_BNB_MMA=0``: no)."""
+    return os.environ.get("TOOLKIT_BNB_MMA", "1") != "0"
+
+
+def fourbit_kernel(tokens: int) -> str | None:
+    """Which kernel takes a 4-bit call of ``tokens`` (1..SMALL_BATCH_MAX_TOKENS): ``"tokens"`` (the token-unrolled
+    GEMV: one-token calls, or every small batch with ``TOOLKIT_BNB_TRITON_4BIT=1``), ``"mma"`` (the tensor-core
+    kernel: 2..16 tokens), or None (bitsandbytes: ``TOOLKIT_BNB_TRITON_4BIT=0``, or ``TOOLKIT_BNB_MMA=0``)."""
     setting = os.environ.get("TOOLKIT_BNB_TRITON_4BIT", "")
     if setting == "0":
-        return 0
-    return SMALL_BATCH_MAX_TOKENS if setting == "1" else FOURBIT_DEFAULT_MAX_TOKENS
+        return None
+    if tokens <= FOURBIT_DEFAULT_MAX_TOKENS or setting == "1":
+        return "tokens"
+    return "mma" if mma_enabled() else None
 
 
 def default_config(tokens: int) -> MatmulConfig:
     return DECODE_CONFIG if tokens == 1 else SMALL_BATCH_CONFIG
-
-
-def _tile_width(cols: int, wanted: int, unit: int) -> int:
-    """The widest power-of-two multiple of ``unit`` <= max(wanted, unit) dividing ``cols``, or 0."""
-    width = max(wanted, unit)
-    while width >= unit and cols % width:
-        width //= 2
-    return width if width >= unit else 0
 
 
 def _launch(kernel, x: torch.Tensor, rows: int, cols: int, bk: int, config: MatmulConfig, split: int | None,
@@ -195,17 +197,21 @@ def _activations_ok(x: torch.Tensor) -> bool:
 
 
 def bnb_4bit_matmul(x: torch.Tensor, packed: torch.Tensor, quant_state, bias: torch.Tensor | None = None):
-    """``x @ W.T (+ bias)`` with the token-unrolled 4-bit GEMV (``fourbit_tokens_matmul``), whose table covers
-    every call ``supports`` accepts (1..SMALL_BATCH_MAX_TOKENS tokens); ``quant_state``: one QuantState, or
-    a fused projection's gathered segments (``bnb_4bit_matmul_segments``)."""
+    """``x @ W.T (+ bias)`` with the kernel ``fourbit_kernel`` names for the call's tokens: the token-unrolled
+    GEMV (``fourbit_tokens_matmul``) or the tensor-core kernel (``mma_ops.fourbit_mma_matmul``);
+    ``quant_state``: one QuantState, or a fused projection's gathered segments (``bnb_4bit_matmul_segments``)."""
     cols = x.shape[-1]
-    out = fourbit_tokens_matmul(x.reshape(-1, cols).contiguous(), packed, quant_state)
+    flat = x.reshape(-1, cols).contiguous()
+    if fourbit_kernel(flat.shape[0]) == "mma":
+        out = fourbit_mma_matmul(flat, packed, quant_state)
+    else:
+        out = fourbit_tokens_matmul(flat, packed, quant_state)
     out = out.reshape(*x.shape[:-1], out.shape[-1])
     return out if bias is None else out + bias
 
 
 def _fourbit_supports(x, packed, quant_state, bias=None) -> bool:
-    if not (_activations_ok(x) and x.numel() // x.shape[-1] <= fourbit_max_tokens()):
+    if not (_activations_ok(x) and fourbit_kernel(x.numel() // x.shape[-1])):
         return False
     if not _fourbit_state_ok(quant_state, x.device) or int(quant_state.shape[1]) != x.shape[-1]:
         return False
@@ -218,82 +224,6 @@ bnb_4bit_matmul.supports = _fourbit_supports
 
 
 # ---- 4-bit, token-unrolled (triton_gemv_tokens) -----------------------------------------------------
-MAX_SEGMENTS = 4  # fused projections the 4-bit GEMV takes in one launch (q/k/v: 3, gate/up: 2)
-_BYTE_TABLES: dict = {}  # (codebooks' address, segments, device) -> (codebooks, their byte table)
-
-
-def byte_table(codes: torch.Tensor) -> torch.Tensor:
-    """``codes [S, 16]`` float32 -> ``[S, 256]`` int32: byte ``b``'s two values as float16, the first
-    (high nibble, the earlier column) in the low half."""
-    byte = torch.arange(256, device=codes.device)
-    first = codes[:, byte >> 4].to(torch.float16).view(torch.int16).to(torch.int32) & 0xFFFF
-    second = codes[:, byte & 15].to(torch.float16).view(torch.int16).to(torch.int32)
-    return first | (second << 16)
-
-
-def _cached_byte_table(codes: torch.Tensor) -> torch.Tensor | None:
-    """The byte table of ``codes``, built once per codebook buffer: the cache holds the buffer, so its
-    address names it for good (codebooks never change after loading). None while a CUDA graph is
-    being captured and it was not built before (the caller reads the codebook instead)."""
-    key = (codes.data_ptr(), codes.shape[0], codes.device)
-    cached = _BYTE_TABLES.get(key)
-    if cached is not None:
-        return cached[1]
-    if codes.is_cuda and torch.cuda.is_current_stream_capturing():
-        return None
-    table = byte_table(codes)
-    _BYTE_TABLES[key] = (codes, table)
-    return table
-
-
-def _segment_codes(states, size: int, nested: bool) -> torch.Tensor:
-    """The ``[S, size]`` codebooks of the segments (``size`` 16, or 256 for ``nested``: the nested ones),
-    one buffer: the first segment's tensor and what follows it (``segments_gathered`` checked that)."""
-    first = states[0].state2.code if nested else states[0].code
-    return first.as_strided((len(states), size), (size, 1))
-
-
-def segments_gathered(states) -> bool:
-    """Whether one launch can read every segment: each statistic of segment ``i + 1`` right after
-    segment ``i``'s in one buffer (``Bnb4bitParameter.gather_statistics`` lays them out so), and the
-    segments alike (type, block sizes, double quantization, columns)."""
-    first = states[0]
-    if len(states) == 1:
-        return True
-    if len(states) > MAX_SEGMENTS:
-        return False
-
-    def follows(tensors) -> bool:
-        return all(b.untyped_storage().data_ptr() == a.untyped_storage().data_ptr()
-                   and b.data_ptr() == a.data_ptr() + a.numel() * a.element_size()
-                   for a, b in zip(tensors, tensors[1:]))
-
-    alike = all(s.quant_type == first.quant_type and int(s.blocksize) == int(first.blocksize)
-                and bool(s.nested) == bool(first.nested) and int(s.shape[1]) == int(first.shape[1])
-                for s in states)
-    if not alike or not follows([s.absmax for s in states]) or not follows([s.code for s in states]):
-        return False
-    if not first.nested:
-        return True
-    return (all(int(s.state2.blocksize) == int(first.state2.blocksize) for s in states)
-            and follows([s.state2.absmax for s in states]) and follows([s.state2.code for s in states])
-            and follows([s.offset.reshape(1) for s in states]))
-
-
-def _segment_args(states, cols: int) -> tuple[int, ...]:
-    """``R1..R3, A1..A3, B1..B3`` of ``fourbit_tokens_kernel`` (unused entries 0)."""
-    firsts, absmax2, row, inner = [], [], 0, 0
-    for state in states[:-1]:
-        row += int(state.shape[0])
-        firsts.append(row)
-        if state.nested:
-            inner += state.state2.absmax.numel()
-        absmax2.append(inner)
-    pad = [0] * (MAX_SEGMENTS - len(states))
-    blocks = [first * cols // int(states[0].blocksize) for first in firsts]
-    return (*firsts, *pad, *absmax2, *pad, *blocks, *pad)
-
-
 def fourbit_tokens_matmul(x: torch.Tensor, packed: torch.Tensor, states, config: TokensConfig | None = None,
                           split: int | None = None) -> torch.Tensor:
     """``x [T, K] @ W.T`` -> ``[T, N]`` in x's dtype for ``T <= 16`` with the token-unrolled 4-bit GEMV:
@@ -304,23 +234,19 @@ def fourbit_tokens_matmul(x: torch.Tensor, packed: torch.Tensor, states, config:
     rows = sum(int(state.shape[0]) for state in states)
     config = config or tokens_config(FOURBIT_TOKENS_CONFIG, tokens) or TOKENS_MANY
     first = states[0]
-    lut, codes = config.lut, _segment_codes(states, 16, False)
-    table = _cached_byte_table(codes) if lut == 256 else None
+    lut, codes = config.lut, segment_codes(states, 16, False)
+    table = cached_byte_table(codes) if lut == 256 else None
     if table is None:
         lut = 16
     grid_n = triton.cdiv(rows, config.bn)
     bk = _tile_width(cols, config.bk, 8)
     split = split or config.split or split_k(grid_n, cols // bk, x.device)
     bk = _tile_width(cols // split, bk, 8)
-    if first.nested:
-        nested = (_segment_codes(states, 256, True), first.state2.absmax, first.offset)
-        nb2 = int(first.state2.blocksize)
-    else:
-        nested, nb2 = (first.absmax, first.absmax, first.absmax), 1  # unread placeholders
+    codes, nested, nb2, segment_args = segment_launch_args(states, cols)
     out = torch.empty(split, tokens, rows, dtype=x.dtype if split == 1 else torch.float32, device=x.device)
     fourbit_tokens_kernel[(grid_n, split)](
         x, packed, first.absmax, codes if table is None else table, *nested, out, tokens, rows, cols,
-        cols // split, x.stride(0), *_segment_args(states, cols), BS=int(first.blocksize), NB2=nb2,
+        cols // split, x.stride(0), *segment_args, BS=int(first.blocksize), NB2=nb2,
         NESTED=bool(first.nested), NSEG=len(states), LUT=lut, BM=triton.next_power_of_2(tokens), BN=config.bn,
         BK=bk, num_warps=config.num_warps, num_stages=config.num_stages)
     return out[0] if split == 1 else sum_splits(out, x.dtype)
@@ -336,7 +262,7 @@ def _segments_supports(x, packed, quant_states, bias=None) -> bool:
     if not _activations_ok(x) or not isinstance(quant_states, (list, tuple)):
         return False
     tokens = x.numel() // x.shape[-1]
-    if tokens > fourbit_max_tokens() or not quant_states or tokens_config(FOURBIT_TOKENS_CONFIG, tokens) is None:
+    if not fourbit_kernel(tokens) or not quant_states:
         return False
     if not all(_fourbit_state_ok(state, x.device) for state in quant_states):
         return False
@@ -380,12 +306,18 @@ def int8_tokens_matmul(x: torch.Tensor, data: torch.Tensor, scb: torch.Tensor, c
 def bnb_int8_matmul(x: torch.Tensor, data: torch.Tensor, scb: torch.Tensor, threshold: float,
                     bias: torch.Tensor | None = None):
     """Weight-only: every column is computed in float from the int8 weight, which is what LLM.int8
-    does for its outlier columns; ``threshold`` (which columns bitsandbytes would treat so) is moot."""
+    does for its outlier columns; ``threshold`` (which columns bitsandbytes would treat so) is moot. One
+    token runs the first int8 kernel, 2..16 the tensor-core one (``mma_ops``; ``TOOLKIT_BNB_MMA=0``: the first)."""
     cols = x.shape[-1]
     flat = x.reshape(-1, cols).contiguous()
     tokens = flat.shape[0]
     config = tokens_config(INT8_TOKENS_CONFIG, tokens) if tokens >= INT8_TOKENS_MIN else None
-    out = int8_matmul(flat, data, scb) if config is None else int8_tokens_matmul(flat, data, scb, config)
+    if config is not None:
+        out = int8_tokens_matmul(flat, data, scb, config)
+    elif tokens > 1 and mma_enabled():
+        out = int8_mma_matmul(flat, data, scb)
+    else:
+        out = int8_matmul(flat, data, scb)
     out = out.reshape(*x.shape[:-1], out.shape[-1])
     return out if bias is None else out + bias
 
