@@ -320,24 +320,47 @@ def test_torchrun_tp2_matches_tp1(model_paths, expected, tmp_path):
             torch.testing.assert_close(result[name]["logits"], logits, atol=1e-5, rtol=0)
             assert result[name]["tokens"] == tokens
     assert "WORLD_SIZE=2" in results[0]["mismatch_error"]
+    # gloo's threads must be gone once the group is destroyed (models still alive): a thread left
+    # for interpreter teardown aborted a rank with "terminate called without an active exception"
+    # (toolkit/core/parallel.py's module doc)
+    assert [result["gloo_threads_after_destroy"] for result in results] == [[], []]
+
+
+def _gloo_threads() -> list[str]:
+    """Names of this process's gloo threads (``pt_gloo_runloop``, ``gloo_tcp_loop``); [] off Linux."""
+    if not os.path.isdir("/proc/self/task"):
+        return []
+    names = []
+    for task in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{task}/comm", encoding="utf-8") as comm:
+                names.append(comm.read().strip())
+        except OSError:  # the thread ended while we looked
+            continue
+    return sorted(name for name in names if "gloo" in name)
 
 
 def torchrun_main(out_dir: str, *specs: str) -> None:
     """Per-rank script: load every model with tp=2, save this rank's logits and tokens."""
-    rank, results = int(os.environ["RANK"]), {}
-    for spec in specs:
-        name, path = spec.split("=", 1)
-        loaded = toolkit.load(path, tp=2, device="cpu")
-        assert isinstance(loaded, toolkit.LoadedModel)
-        prompt = prompt_for(name)
-        results[name] = {"tp": (loaded.parallel.tp_rank, loaded.parallel.tp_size), "logits": loaded.logits(prompt),
-                         "tokens": loaded.generate(prompt, NEW_TOKENS, stop_token_ids=[])}
+    rank, results, models = int(os.environ["RANK"]), {}, []
     try:
-        toolkit.load(path, tp=3, device="cpu")
-    except toolkit.ToolkitError as exc:
-        results["mismatch_error"] = str(exc)
+        for spec in specs:
+            name, path = spec.split("=", 1)
+            loaded = toolkit.load(path, tp=2, device="cpu")
+            assert isinstance(loaded, toolkit.LoadedModel)
+            models.append(loaded)  # kept alive past destroy_process_group: they must not hold the group
+            prompt = prompt_for(name)
+            results[name] = {"tp": (loaded.parallel.tp_rank, loaded.parallel.tp_size),
+                             "logits": loaded.logits(prompt),
+                             "tokens": loaded.generate(prompt, NEW_TOKENS, stop_token_ids=[])}
+        try:
+            toolkit.load(path, tp=3, device="cpu")
+        except toolkit.ToolkitError as exc:
+            results["mismatch_error"] = str(exc)
+    finally:
+        dist.destroy_process_group()
+    results["gloo_threads_after_destroy"] = _gloo_threads()
     torch.save(results, Path(out_dir) / f"rank{rank}.pt")
-    dist.destroy_process_group()
 
 
 if __name__ == "__main__":
