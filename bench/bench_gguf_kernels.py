@@ -43,6 +43,8 @@ TOKENS_SWEEP = [(1, 1024, 1, 2), (2, 1024, 1, 2), (1, 4096, 1, 2), (2, 2048, 2, 
 # int8 tensor-core kernel (BN rows per program, num_warps, split-K or None for automatic, stages); BM is
 # the token count rounded up (16-64)
 MMQ_COMPARE = [(64, 4, None, 2), (32, 4, None, 2)]
+# (BN, warps, stages, programs per SM for the K split) of the 16-bit tensor-core kernel (triton_dot16)
+DOT16_SWEEP = [(64, 4, 2, 4), (64, 4, 2, 2), (64, 4, 3, 8), (64, 4, 4, 4), (128, 8, 2, 4), (64, 4, 2, 1)]
 MMQ_SWEEP = [(128, 8, None, 2), (64, 4, 2, 3), (64, 4, 4, 3), (32, 2, 2, 3), (32, 4, 4, 3), (16, 1, 4, 3),
              (16, 2, 2, 4), (32, 2, 8, 3), (64, 8, 4, 3), (128, 4, 2, 3)]
 
@@ -73,7 +75,7 @@ def variants(name: str, rows: int, cols: int, tokens: int, sweep: bool, copies: 
 
 def _all_variants(name: str, rows: int, cols: int, tokens: int, sweep: bool, copies: int = 1) -> dict:
     from gguf import GGMLQuantizationType
-    from toolkit.kernels.gguf import reference, triton_ops
+    from toolkit.kernels.gguf import dot16_ops, reference, triton_ops
     qtype = int(GGMLQuantizationType[name])
     weights = []
     for _ in range(copies):
@@ -107,6 +109,12 @@ def _all_variants(name: str, rows: int, cols: int, tokens: int, sweep: bool, cop
             out[f"mmq_n{bn}w{warps}s{split or 'auto'}p{stages}"] = each(
                 lambda data, dense, bn=bn, warps=warps, split=split, stages=stages: triton_ops.mmq_matmul(
                     x, data, qtype, cols, bn=bn, num_warps=warps, split=split, num_stages=stages))
+    if regime in ("small", "batch") and name in dot16_ops.DOT16_TYPES:  # weights decoded to 16 bits, bf16 MMA
+        out["dot16_default"] = each(lambda data, dense: dot16_ops.dot16_matmul(x, data, qtype, cols))
+        for bn, warps, stages, per_sm in DOT16_SWEEP:
+            out[f"dot16_n{bn}w{warps}p{stages}m{per_sm}"] = each(
+                lambda data, dense, bn=bn, warps=warps, stages=stages, per_sm=per_sm: dot16_ops.dot16_matmul(
+                    x, data, qtype, cols, bn=bn, num_warps=warps, num_stages=stages, programs_per_sm=per_sm))
     if regime != "decode":
         out["triton_dequant+mm"] = each(lambda data, dense: x @ triton_ops.gguf_dequantize(data, qtype, cols,
                                                                                            x.dtype).T)

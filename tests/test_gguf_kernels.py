@@ -319,6 +319,35 @@ def test_tokens_gemv_within_activation_rounding(name):
 
 @pytest.mark.gpu
 @gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("name", ["Q4_K", "Q6_K"])
+def test_dot16_within_weight_rounding(name, dtype):
+    """The 16-bit tensor-core kernel (triton_dot16) against float64 on the dequantized weight (the Triton
+    dequantizer, bit-equal to gguf-py's above): each weight rounded once to x's dtype, float32 sums, the
+    result in x's dtype. Rows and tokens off the tile sizes, several launches; and gguf_matmul sends it
+    17-64 tokens."""
+    from toolkit.kernels.gguf import dot16_ops, triton_ops
+    eps = 2 ** -8 if dtype == torch.bfloat16 else 2 ** -10
+    for rows, cols in ((37, 512), (130, 2048)):
+        packed, qtype = cuda_case(name, rows, cols, 17)
+        weight = gguf_dequantize(packed, qtype, cols, torch.float32).double()
+        for tokens in (17, 33, 64):
+            x = torch.randn(tokens, cols, device="cuda").to(dtype)
+            exact = x.double() @ weight.T
+            bound = eps * (x.double().abs() @ weight.abs().T + exact.abs())
+            for bm, bn, warps, stages, split in ((None, None, None, None, None), (16, 64, 4, 2, 1),
+                                                 (32, 128, 8, 3, 2), (64, 64, 4, 4, 4)):
+                got = dot16_ops.dot16_matmul(x, packed, qtype, cols, bm=bm, bn=bn, num_warps=warps,
+                                             num_stages=stages, split=split)
+                assert got.shape == (tokens, rows) and got.dtype == dtype
+                assert ((got.double() - exact).abs() <= bound).all(), (name, rows, cols, tokens, bm, bn, split)
+            assert dot16_ops.dot16_takes(packed, qtype, cols, tokens)
+            assert torch.equal(triton_ops.gguf_matmul(x, packed, qtype, cols),
+                               dot16_ops.dot16_matmul(x, packed, qtype, cols))
+
+
+@pytest.mark.gpu
+@gpu
 @pytest.mark.parametrize("name", ["Q4_0", "Q8_0", "Q4_K", "Q5_K", "Q6_K"])
 def test_mmq_within_activation_rounding(name):
     """The int8 tensor-core kernel (triton_mmq) against float64 on the dequantized weight: within the

@@ -34,6 +34,7 @@ if INTERPRETED:
     interpreted_gguf_chain()
     mmq = importlib.import_module("toolkit.kernels.gguf.triton_mmq")
     ops = importlib.import_module("toolkit.kernels.gguf.triton_ops")
+    dot16 = importlib.import_module("toolkit.kernels.gguf.dot16_ops")
     moe_triton = importlib.import_module("toolkit.kernels.moe_triton")
     triton_moe = importlib.import_module("toolkit.kernels.gguf_moe.triton_moe")
 
@@ -109,6 +110,22 @@ def test_dense_mmq_kernel(qtype):
         got = ops.mmq_matmul(x, packed, int(qtype), cols, bm=16, bn=16, num_warps=1, split=2, num_stages=1)
         rounding = 0.0 if exact_int8 else _rounding_bound(x, weight)
         _check(got, x.double() @ weight.T, x.double().abs() @ magnitude.T, rounding, (qtype.name, exact_int8))
+
+
+@here
+@pytest.mark.parametrize("qtype", [Q.Q4_K, Q.Q6_K], ids=lambda q: q.name)
+def test_dense_dot16_kernel(qtype):
+    """``dot16_matmul`` (weights decoded to 16 bits, ``triton_dot16``): 19 tokens in tiles of 16 (the second
+    partial), 24 rows (off the 16-row tiles), K split 2. float16 activations (the interpreter's bfloat16
+    ``tl.dot`` is wrong); each weight is rounded to float16 once (2^-11 relative) and the result is float16."""
+    rows, cols = 24, 512
+    packed, weight, magnitude = _weights(qtype, rows, cols, 11)
+    x = torch.randn(19, cols, generator=torch.Generator().manual_seed(12)).half()
+    got = dot16.dot16_matmul(x, packed, int(qtype), cols, bm=16, bn=16, num_warps=4, split=2, num_stages=1)
+    exact = x.double() @ weight.T
+    bound = 2 ** -10 * (x.double().abs() @ magnitude.T + exact.abs())
+    assert got.dtype == torch.float16
+    assert ((got.double() - exact).abs() <= bound).all(), (qtype.name, (got.double() - exact).abs().max().item())
 
 
 def _routes(tokens: int, experts: int, top_k: int, seed: int) -> torch.Tensor:

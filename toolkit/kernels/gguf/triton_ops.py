@@ -12,6 +12,8 @@ Launch choices (measured by ``bench/bench_gguf_kernels.py --sweep``; see the con
   16-bit copy would not fit in L2): the int8 tensor-core kernel
   (``triton_mmq``, launches in ``mmq_config``); up to ``FUSED_MAX_TOKENS`` for the other types the
   fused ``tl.dot`` kernel with ``BM=16``.
+- Q4_K and Q6_K at 17-64 tokens, ahead of the int8 kernels: the 16-bit tensor-core kernel (``triton_dot16``,
+  ``dot16_ops``; ``TOOLKIT_GGUF_DOT16=0`` turns it off).
 - larger ``T`` (prefill): Triton dequantize to x's dtype, then the dense matmul (cuBLAS): 3-4x
   faster than the fused kernel at BM=128, which re-unpacks W once per token tile.
 """
@@ -26,6 +28,7 @@ import torch
 import triton
 
 from .bits import IQ4_NL_VALUES
+from .dot16_ops import dot16_matmul, dot16_takes
 from .types import block_size, type_name, type_size
 from .triton_dp4a import quantize_activations_kernel
 from .triton_gemv_tokens import gemv_tokens_kernel
@@ -384,7 +387,9 @@ def gguf_matmul(x: torch.Tensor, data: torch.Tensor, qtype: int, cols: int) -> t
     # x itself when it is already [T, cols] and contiguous, so that blocks attached to it are found
     flat = x if x.dim() == 2 and x.is_contiguous() else x.reshape(-1, cols).contiguous()
     tokens = flat.shape[0]
-    if (int8_kernel := _int8_kernel(data, qtype, cols, tokens)) is not None:
+    if dot16_takes(data, qtype, cols, tokens):
+        out = dot16_matmul(flat, data, qtype, cols)
+    elif (int8_kernel := _int8_kernel(data, qtype, cols, tokens)) is not None:
         out = int8_kernel(flat, data, qtype, cols)
     elif tokens == 1:
         out = fused_matmul(flat, data, qtype, cols, DECODE_CONFIG_BY_TYPE.get(type_name(qtype), DECODE_CONFIG))

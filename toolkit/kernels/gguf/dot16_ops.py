@@ -1,0 +1,80 @@
+"""Host side of the 16-bit tensor-core GGUF kernel (``triton_dot16``): which calls it takes, and its launch.
+
+``gguf_matmul`` sends it Q4_K and Q6_K calls of ``DOT16_MIN_TOKENS`` to ``DOT16_MAX_TOKENS`` tokens, ahead of the
+int8 kernels (``TOOLKIT_GGUF_DOT16=0``: none; ``TOOLKIT_GGUF_DOT16_MIN_TOKENS`` moves the lower end, for timing
+it against them in a whole engine).
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+
+from ..launch import num_sms
+from ..triton_pdl import launch_options
+from ..triton_reduce import sum_splits
+from .triton_dot16 import dot16_kernel
+from .types import type_name, type_size
+
+DOT16_TYPES = ("Q4_K", "Q6_K")
+DOT16_MIN_TOKENS = 17
+DOT16_MAX_TOKENS = 64
+# From bench/bench_gguf_kernels.py --variants dot16 (DOT16_SWEEP there) on an H100, 8B shapes, 32 and 64 tokens
+# (docs/benchmarks.md, run 11): 64 rows per warpgroup MMA, 2 stages of loads in flight (3 and 4 were slower in
+# 10 of 12 cells: their activation tiles fill shared memory), K split until about 4 programs per SM.
+DOT16_LAUNCH = {"bn": 64, "num_warps": 4, "num_stages": 2, "programs_per_sm": 4}
+
+
+def dot16_launch() -> dict:
+    """``DOT16_LAUNCH``, or ``TOOLKIT_GGUF_DOT16_LAUNCH="BN,WARPS,STAGES,PROGRAMS_PER_SM"`` (for timing alternatives
+    in a whole engine without editing code; malformed: ValueError naming the variable)."""
+    setting = os.environ.get("TOOLKIT_GGUF_DOT16_LAUNCH")
+    if not setting:
+        return DOT16_LAUNCH
+    try:
+        bn, warps, stages, per_sm = (int(v) for v in setting.split(","))
+    except ValueError:
+        raise ValueError(f"TOOLKIT_GGUF_DOT16_LAUNCH={setting!r} is not BN,WARPS,STAGES,PROGRAMS_PER_SM") from None
+    return {"bn": bn, "num_warps": warps, "num_stages": stages, "programs_per_sm": per_sm}
+
+
+def dot16_range() -> tuple[int, int]:
+    """The token counts the kernel takes: (first, last); (0, -1) when ``TOOLKIT_GGUF_DOT16=0``."""
+    if os.environ.get("TOOLKIT_GGUF_DOT16", "1") == "0":
+        return 0, -1
+    return int(os.environ.get("TOOLKIT_GGUF_DOT16_MIN_TOKENS", DOT16_MIN_TOKENS)), DOT16_MAX_TOKENS
+
+
+def dot16_takes(data: torch.Tensor, qtype: int, cols: int, tokens: int) -> bool:
+    """Whether the kernel takes this call (data already checked by ``triton_ops._packed_ok``): its types and
+    token range (``dot16_range``), ahead of the int8 kernels."""
+    first, last = dot16_range()
+    name = type_name(qtype)
+    if not (first <= tokens <= last and name in DOT16_TYPES and cols % 256 == 0):
+        return False
+    return name != "Q4_K" or data.stride(0) % 4 == 0  # its scales are read as 32-bit words: rows 4-aligned
+
+
+def dot16_matmul(x: torch.Tensor, data: torch.Tensor, qtype: int, cols: int, bm: int | None = None,
+                 bn: int | None = None, num_warps: int | None = None, num_stages: int | None = None,
+                 split: int | None = None, programs_per_sm: int | None = None) -> torch.Tensor:
+    """``x [T, cols] @ W.T`` -> ``[T, rows]`` in x's dtype (x contiguous, fp16/bf16); launch arguments default
+    to ``dot16_launch()``, ``bm`` (tokens per program) to T rounded up to a power of two, 16 to 64."""
+    tokens, rows = x.shape[0], data.shape[0]
+    launch = dot16_launch()
+    bn = bn or launch["bn"]
+    bm = bm or max(16, min(64, triton.next_power_of_2(tokens)))
+    grid_nm = (triton.cdiv(rows, bn), triton.cdiv(tokens, bm))
+    superblocks = cols // 256
+    if split is None:
+        per_sm = programs_per_sm or launch["programs_per_sm"]
+        split = max(1, min(superblocks, per_sm * num_sms(x.device) // (grid_nm[0] * grid_nm[1])))
+    while superblocks % split:  # each split: whole super-blocks
+        split -= 1
+    out = torch.empty(split, tokens, rows, dtype=x.dtype if split == 1 else torch.float32, device=x.device)
+    dot16_kernel[(*grid_nm, split)](
+        x, data, out, tokens, rows, cols, cols // split, x.stride(0), data.stride(0), QTYPE=int(qtype),
+        TS=type_size(qtype), BM=bm, BN=bn, num_warps=num_warps or launch["num_warps"],
+        num_stages=num_stages or launch["num_stages"], **launch_options(x.device))
+    return out[0] if split == 1 else sum_splits(out, x.dtype)
