@@ -1,7 +1,7 @@
 """The tensor-core bitsandbytes kernels (``toolkit/kernels/bnb/triton_mma.py``, 2..16 tokens) on CUDA, against
 bitsandbytes' own CUDA ``dequantize_4bit`` / ``int8_vectorwise_dequant`` and a float32 matmul; the PTX codebook
-decoder against the codebook loads it replaces (bit for bit); the default dispatch, fused segments and CUDA
-graph capture. Skipped without a GPU.
+decoder against the codebook loads it replaces (bit for bit); the default dispatch and fused segments (graph
+capture with the default dispatch: tests/test_bnb_triton_gpu.py). Skipped without a GPU.
 """
 from __future__ import annotations
 
@@ -97,25 +97,3 @@ def test_int8_mma_kernel_matches_bitsandbytes(dtype):
         _close(runtime.call("bnb_int8_matmul", x, data, scb, 6.0, None), x.float() @ dense.T)
         for config in CONFIGS:
             _close(mma.int8_mma_matmul(x, data, scb, config), x.float() @ dense.T)
-
-
-@pytest.mark.parametrize("kind", ["nf4", "int8"])
-def test_mma_kernels_are_captured_in_a_cuda_graph(kind):
-    weight = torch.randn(ROWS, COLS, device="cuda", dtype=torch.bfloat16)
-    if kind == "nf4":
-        packed, state = bnb_functional.quantize_4bit(weight, quant_type="nf4", compress_statistics=True)
-        op, args = "bnb_4bit_matmul", (packed.view(-1), state, None)
-    else:
-        data, scb, _ = bnb_functional.int8_vectorwise_quant(weight.half())
-        op, args = "bnb_int8_matmul", (data, scb, 6.0, None)
-    x = torch.randn(8, COLS, device="cuda", dtype=torch.bfloat16)
-    runtime.call(op, x, *args)  # the decoder is built before capture, as the engine's warm-up step does
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = runtime.call(op, x, *args)
-    x.copy_(torch.randn_like(x))
-    eager = runtime.call(op, x, *args)
-    graph.replay()
-    torch.cuda.synchronize()
-    assert torch.equal(out, eager)

@@ -96,9 +96,15 @@ def test_int8_kernel_matches_bitsandbytes(dtype):
     assert runtime.resolve("bnb_int8_matmul", big, data, scb, 6.0, None) is not ops.bnb_int8_matmul
 
 
+@pytest.mark.parametrize("dispatch", ["token kernels", "default"])
 @pytest.mark.parametrize("kind", ["nf4", "int8"])
-def test_kernels_are_captured_in_a_cuda_graph(kind):
-    """No host synchronisation: the kernels replay in a graph and give the eager result."""
+def test_kernels_are_captured_in_a_cuda_graph(kind, dispatch, monkeypatch):
+    """No host synchronisation: the kernels replay in a graph and give the eager result, with every 4-bit call
+    on the token GEMV and with the default dispatch (8 tokens: the tensor-core kernels, whose codebook decoder
+    is built by the call before capture, as the engine's warm-up step does)."""
+    if dispatch == "default":
+        monkeypatch.delenv("TOOLKIT_BNB_TRITON_4BIT")
+        runtime.invalidate()
     weight = torch.randn(ROWS, COLS, device="cuda", dtype=torch.bfloat16)
     if kind == "nf4":
         packed, state = bnb_functional.quantize_4bit(weight, quant_type="nf4", compress_statistics=True)

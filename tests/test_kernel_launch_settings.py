@@ -1,0 +1,66 @@
+"""The environment switches of the tensor-core kernels' dispatch and launches (no GPU: host-side logic only):
+which 4-bit kernel takes a call, the token range of the 16-bit GGUF kernel, and the launch overrides used for
+A/B timing, whose malformed values must name their variable."""
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("triton")
+from toolkit.kernels.bnb import mma_ops, triton_ops  # noqa: E402
+from toolkit.kernels.gguf import dot16_ops  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def clean_environment(monkeypatch):
+    for name in ("TOOLKIT_BNB_TRITON_4BIT", "TOOLKIT_BNB_MMA", "TOOLKIT_BNB_MMA_LAUNCH", "TOOLKIT_GGUF_DOT16",
+                 "TOOLKIT_GGUF_DOT16_MIN_TOKENS", "TOOLKIT_GGUF_DOT16_LAUNCH"):
+        monkeypatch.delenv(name, raising=False)
+
+
+def test_fourbit_kernel_by_tokens_and_switches(monkeypatch):
+    assert [triton_ops.fourbit_kernel(t) for t in (1, 2, 8, 16)] == ["tokens", "mma", "mma", "mma"]
+    monkeypatch.setenv("TOOLKIT_BNB_MMA", "0")
+    assert [triton_ops.fourbit_kernel(t) for t in (1, 8)] == ["tokens", None]
+    monkeypatch.setenv("TOOLKIT_BNB_TRITON_4BIT", "1")
+    assert triton_ops.fourbit_kernel(8) == "tokens"
+    monkeypatch.setenv("TOOLKIT_BNB_TRITON_4BIT", "0")
+    assert triton_ops.fourbit_kernel(1) is None
+
+
+def test_bnb_mma_launch_override(monkeypatch):
+    assert mma_ops.launch_override("4bit") is None
+    monkeypatch.setenv("TOOLKIT_BNB_MMA_LAUNCH", "int8=128,256,8,4,2,1; 4bit=64,128,4,3,8,4")
+    assert mma_ops.launch_override("4bit") == mma_ops.MmaConfig(64, 128, 4, 3, None, 8, 4)
+    assert mma_ops.launch_override("int8") == mma_ops.MmaConfig(128, 256, 8, 4, None, 2, 1)
+    monkeypatch.setenv("TOOLKIT_BNB_MMA_LAUNCH", "4bit=64,128")
+    with pytest.raises(ValueError, match="TOOLKIT_BNB_MMA_LAUNCH"):
+        mma_ops.launch_override("4bit")
+
+
+def test_dot16_range_and_launch(monkeypatch):
+    assert dot16_ops.dot16_range() == (dot16_ops.DOT16_MIN_TOKENS, dot16_ops.DOT16_MAX_TOKENS)
+    assert dot16_ops.dot16_launch() is dot16_ops.DOT16_LAUNCH
+    monkeypatch.setenv("TOOLKIT_GGUF_DOT16_MIN_TOKENS", "33")
+    assert dot16_ops.dot16_range()[0] == 33
+    monkeypatch.setenv("TOOLKIT_GGUF_DOT16", "0")
+    first, last = dot16_ops.dot16_range()
+    assert first > last  # an empty range: no call
+    monkeypatch.setenv("TOOLKIT_GGUF_DOT16_LAUNCH", "128,8,3,2")
+    assert dot16_ops.dot16_launch() == {"bn": 128, "num_warps": 8, "num_stages": 3, "programs_per_sm": 2}
+    monkeypatch.setenv("TOOLKIT_GGUF_DOT16_LAUNCH", "128,x,3,2")
+    with pytest.raises(ValueError, match="TOOLKIT_GGUF_DOT16_LAUNCH"):
+        dot16_ops.dot16_launch()
+
+
+def test_dot16_takes_q4k_and_q6k_from_17_to_64_tokens():
+    import torch
+    from gguf import GGMLQuantizationType as Q
+
+    q4k = torch.zeros(8, 2 * 144, dtype=torch.uint8)            # 512 columns: two super-blocks of 144 bytes
+    q6k = torch.zeros(8, 2 * 210, dtype=torch.uint8)
+    q8 = torch.zeros(8, 16 * 34, dtype=torch.uint8)
+    for data, qtype in ((q4k, Q.Q4_K), (q6k, Q.Q6_K)):
+        assert [dot16_ops.dot16_takes(data, int(qtype), 512, t) for t in (16, 17, 64, 65)] == [False, True, True, False]
+    assert not dot16_ops.dot16_takes(q8, int(Q.Q8_0), 512, 32)
+    unaligned = torch.zeros(8, 2 * 144 + 2, dtype=torch.uint8)[:, :288]   # rows 290 bytes apart: not 4-aligned
+    assert not dot16_ops.dot16_takes(unaligned, int(Q.Q4_K), 512, 32)
