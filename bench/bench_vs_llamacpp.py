@@ -7,8 +7,9 @@ For each GGUF file:
   --output-format jsonl`` (``S_TG``, generation tok/s over the whole batch);
 * toolkit, in a fresh process per file (so neither engine holds GPU memory the other needs):
   the engine's own benchmark (``toolkit bench``'s ``--batch-sizes 1,8,32,64 --input-len 128
-  --output-len 128``), decode tok/s = batch / median TPOT; prefill = 512 / median TTFT of a
-  single 512-token prompt (5 runs after a warm-up).
+  --output-len 128``, each size after an untimed warm-up batch of its own: ``warmup_each``), decode
+  tok/s = batch / median TPOT; prefill = 512 / median TTFT of a single 512-token prompt (5 runs after a
+  warm-up).
 
 Writes one markdown table of ratios (toolkit / llama.cpp; > 1 means toolkit is faster) and a
 JSON file with every raw number. llama.cpp's batch-1 figure is the larger of llama-bench's
@@ -102,7 +103,9 @@ def toolkit_worker(model: str, batches, input_len: int, output_len: int, prompt:
     load_s = time.perf_counter() - start
     llm = toolkit.LLM(loaded, max_num_seqs=max(batches), enable_prefix_caching=False)
     engine_s = time.perf_counter() - start - load_s  # KV cache and decode-graph capture
-    rows = benchmark.run(llm, list(batches), input_len, output_len)
+    # a warm-up batch at each size first (untimed), as llama-bench warms up each test: decode speed is the
+    # steady state, not the first run's once-per-shape graph captures (docs/benchmarks.md, run 11)
+    rows = benchmark.run(llm, list(batches), input_len, output_len, warmup_each=True)
     decode = {row["batch_size"]: row["batch_size"] * 1e3 / row["tpot_p50_ms"] for row in rows}
     benchmark.measure(llm, 1, prompt, 2, seed=99)                     # warm-up at the prefill shape
     ttft = [benchmark.measure(llm, 1, prompt, 1, seed=100 + i)["ttft_p50_ms"] for i in range(5)]

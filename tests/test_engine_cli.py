@@ -113,3 +113,18 @@ def test_bench_prints_a_table_and_writes_json(app, tiny_llama, tmp_path):
     for row in rows:
         assert row["output_tokens_per_s"] > 0 and row["ttft_p50_ms"] <= row["ttft_p99_ms"]
         assert row["tpot_p50_ms"] > 0
+
+
+def test_benchmark_warms_up_each_batch_size_when_asked(monkeypatch):
+    """``benchmark.run(..., warmup_each=True)``: an untimed batch of each size and prompt length before its
+    measured one (bench/bench_vs_llamacpp.py's steady state); by default one small warm-up for all."""
+    from toolkit.core.engine import benchmark
+
+    calls = []
+    monkeypatch.setattr(benchmark, "measure", lambda llm, size, input_len, output_len, **kw: calls.append(
+        (size, input_len, output_len)) or {"batch_size": size})
+    assert benchmark.run(None, [1, 3], 8, 6, warmup_each=True) == [{"batch_size": 1}, {"batch_size": 3}]
+    assert calls == [(1, 8, 4), (1, 8, 4), (1, 8, 6), (3, 8, 4), (3, 8, 6)]
+    calls.clear()
+    benchmark.run(None, [1, 3], 8, 6)
+    assert calls == [(1, 8, 4), (1, 8, 6), (3, 8, 6)]

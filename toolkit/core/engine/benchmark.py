@@ -70,12 +70,21 @@ def measure(llm, batch_size: int, input_len: int, output_len: int, *, temperatur
 
 
 def run(llm, batch_sizes: list[int], input_len: int, output_len: int, *, warmup: bool = True,
-        temperature: float = 0.0) -> list[dict]:
-    """``measure`` at each batch size (after one small warm-up batch that compiles and caches kernels)."""
+        warmup_each: bool = False, temperature: float = 0.0) -> list[dict]:
+    """``measure`` at each batch size (after one small warm-up batch that compiles and caches kernels).
+
+    ``warmup_each``: before each size, a short untimed batch of that size and prompt length (4 new tokens),
+    so the measured one finds its prefill and mixed-step graphs captured and its kernels compiled: the
+    steady state. Without it the first measurement at a new batch size pays those once-per-shape costs
+    (on an H100 the 1.5B GGUF's first batch-64 run was 10-25% slower than its second, docs/benchmarks.md)."""
     if warmup:
         measure(llm, min(batch_sizes), min(input_len, 16), min(output_len, 4), temperature=temperature, seed=10**6)
-    return [measure(llm, size, input_len, output_len, temperature=temperature, seed=i)
-            for i, size in enumerate(batch_sizes)]
+    rows = []
+    for i, size in enumerate(batch_sizes):
+        if warmup_each:
+            measure(llm, size, input_len, min(output_len, 4), temperature=temperature, seed=10**6 + 1 + i)
+        rows.append(measure(llm, size, input_len, output_len, temperature=temperature, seed=i))
+    return rows
 
 
 def format_table(rows: list[dict]) -> str:
