@@ -6,16 +6,18 @@ sit in shared memory. The first bitsandbytes kernels (``triton_kernels``) fed th
 second operand (``x @ W.T``), so every decoded tile took a trip through shared memory, and their columns
 were permuted into a packed order the activations then had to follow; they lost to bitsandbytes'
 dequantize + cuBLAS at 8 tokens. Here each weight is decoded in registers in the layout the MMA reads
-(the byte loads and codebook lookups are elementwise, so Triton loads them straight in that layout),
-and only the few activations (16 padded tokens x the step's columns) go through shared memory.
+(every decoding step is element-wise, so Triton loads the packed bytes straight in that layout), and only
+the few activations (16 padded tokens x the step's columns) go through shared memory.
 
 4-bit (bitsandbytes' ``quantize_4bit`` layout, NF4 or FP4): byte ``j`` of a row holds column ``2j`` in its
 high nibble and ``2j + 1`` in its low one, so a chunk of ``CHUNK`` columns (inside one absmax block) is two
-dots of ``CHUNK / 2`` columns: high nibbles against the even columns of x, low nibbles against the odd ones. Each
-value is ``code[nibble] * absmax`` in float32, rounded to x's dtype: the very weight bitsandbytes'
-``dequantize_4bit`` writes before its matmul (double quantization: ``absmax = code2[absmax_u8] *
-absmax2 + offset``, as there). Fused projections (q/k/v, gate/up) run in one launch as in
-``triton_gemv_tokens`` (``NSEG`` segments, statistics back to back; ``_segments`` says which).
+dots of ``CHUNK / 2`` columns: high nibbles against the even columns of x, low nibbles against the odd ones.
+A nibble becomes its codebook value rounded to x's dtype (on the GPU by the PTX of ``mma_ops.decode_asm``,
+byte permutes on the codebook held in registers; under the interpreter by codebook loads), and the chunk's
+float32 sums are scaled by its absmax (double quantization: ``absmax = code2[absmax_u8] * absmax2 +
+offset``, as ``dequantize_4bit`` has it). bitsandbytes rounds ``code * absmax`` instead; the rounding is the
+same relative size. Fused projections (q/k/v, gate/up) run in one launch as in ``triton_gemv_tokens``
+(``NSEG`` segments, statistics back to back; ``_segments`` says which).
 
 int8 (``Int8Params``: ``CB [N, K]``, ``SCB [N]``): weight-only, as ``triton_kernels``: int8 values are
 exact in fp16/bf16, the float32 sums are scaled by ``SCB / 127`` per row at the end.
