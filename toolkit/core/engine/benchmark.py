@@ -76,7 +76,7 @@ def run(llm, batch_sizes: list[int], input_len: int, output_len: int, *, warmup:
     ``warmup_each``: before each size, a short untimed batch of that size and prompt length (4 new tokens),
     so the measured one finds its prefill and mixed-step graphs captured and its kernels compiled: the
     steady state. Without it the first measurement at a new batch size pays those once-per-shape costs
-    (on an H100 the 1.5B GGUF's first batch-64 run was 10-25% slower than its second, docs/benchmarks.md)."""
+    (on an H100 a 1.5B model's first batch-64 run was 10-25% slower than its second, docs/benchmarks.md)."""
     if warmup:
         measure(llm, min(batch_sizes), min(input_len, 16), min(output_len, 4), temperature=temperature, seed=10**6)
     rows = []
