@@ -20,11 +20,13 @@ def l2_bytes(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).L2_cache_size
 
 
-def split_k(num_programs: int, k_tiles: int, device: torch.device) -> int:
-    """Split K until there are about ``PROGRAMS_PER_SM`` programs per SM (never cutting a tile):
-    a GEMV with few output tiles (a small projection) would otherwise leave SMs idle."""
-    target = PROGRAMS_PER_SM * num_sms(device)
-    split = max(1, min(k_tiles, target // max(num_programs, 1)))
+def split_k(num_programs: int, k_tiles: int, device: torch.device, programs_per_sm: int = PROGRAMS_PER_SM,
+            min_split: int = 1) -> int:
+    """Split K until there are about ``programs_per_sm`` programs per SM, and at least ``min_split`` ways,
+    never cutting a tile (a divisor of ``k_tiles``): a GEMV with few output tiles (a small projection)
+    would otherwise leave SMs idle."""
+    target = programs_per_sm * num_sms(device)
+    split = max(1, min(k_tiles, max(min_split, target // max(num_programs, 1))))
     while k_tiles % split:
         split -= 1
     return split
@@ -37,3 +39,15 @@ def tile_width(cols: int, wanted: int, unit: int = 1) -> int:
     while width >= unit and cols % width:
         width //= 2
     return width if width >= unit else 0
+
+
+def launch_numbers(variable: str, text: str, names: tuple[str, ...]) -> dict[str, int]:
+    """``text`` (a launch setting from the environment variable ``variable``): comma-separated integers, one
+    per name. Anything else: ValueError naming the variable and the form it wants."""
+    try:
+        values = [int(value) for value in text.split(",")]
+    except ValueError:
+        values = []
+    if len(values) != len(names):
+        raise ValueError(f"{variable}: {text!r} is not {','.join(name.upper() for name in names)}")
+    return dict(zip(names, values))

@@ -43,3 +43,14 @@ def sum_middle(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 def sum_splits(partial: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """``partial [S, T, N]`` (a split-K matmul's partial products) -> ``[T, N]`` in ``dtype``."""
     return sum_middle(partial.permute(1, 0, 2), dtype)
+
+
+def split_output(split: int, tokens: int, rows: int, x: torch.Tensor) -> torch.Tensor:
+    """The ``[split, T, N]`` output of a split-K matmul kernel: in x's dtype when K is not split (the
+    kernel writes the result itself), else float32 partial sums for ``finish_splits``."""
+    return torch.empty(split, tokens, rows, dtype=x.dtype if split == 1 else torch.float32, device=x.device)
+
+
+def finish_splits(out: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``split_output``'s buffer after the kernel -> ``[T, N]`` in ``dtype`` (the partial sums reduced)."""
+    return out[0] if out.shape[0] == 1 else sum_splits(out, dtype)

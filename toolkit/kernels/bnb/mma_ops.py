@@ -11,9 +11,9 @@ from dataclasses import dataclass
 import torch
 import triton
 
-from ..launch import num_sms, tile_width
+from ..launch import launch_numbers, split_k, tile_width
 from ..triton_pdl import launch_options
-from ..triton_reduce import sum_splits
+from ..triton_reduce import finish_splits, split_output
 from .segments import segment_codes, segment_launch_args
 from .triton_mma import fourbit_mma_kernel, int8_mma_kernel
 
@@ -44,6 +44,8 @@ class MmaConfig:
 # both token counts); 4-bit adds splits up to 4 programs per SM, int8 (half the decoding) none.
 FOURBIT_MMA_CONFIG = MmaConfig(bn=64, bk=128, num_stages=3, programs_per_sm=4, min_split=4)
 INT8_MMA_CONFIG = MmaConfig(bn=64, bk=128, num_stages=3, programs_per_sm=1, min_split=4)
+# the numbers of a TOOLKIT_BNB_MMA_LAUNCH part, in order
+LAUNCH_FIELDS = ("bn", "bk", "num_warps", "num_stages", "programs_per_sm", "min_split")
 
 
 def launch_override(kind: str) -> MmaConfig | None:
@@ -55,12 +57,7 @@ def launch_override(kind: str) -> MmaConfig | None:
         name, _, values = part.partition("=")
         if name.strip() != kind:
             continue
-        try:
-            bn, bk, warps, stages, per_sm, min_split = (int(v) for v in values.split(","))
-        except ValueError:
-            raise ValueError(f"TOOLKIT_BNB_MMA_LAUNCH: {part!r} is not "
-                             f"{kind}=BN,BK,WARPS,STAGES,PROGRAMS_PER_SM,MIN_SPLIT") from None
-        return MmaConfig(bn=bn, bk=bk, num_warps=warps, num_stages=stages, programs_per_sm=per_sm, min_split=min_split)
+        return MmaConfig(**launch_numbers("TOOLKIT_BNB_MMA_LAUNCH", values.strip(), LAUNCH_FIELDS))
     return None
 
 
@@ -132,17 +129,8 @@ def _decoder(states, dtype: torch.dtype) -> str:
 
 
 def _split(config: MmaConfig, rows: int, cols: int, step: int, device: torch.device, split: int | None) -> int:
-    if split or config.split:
-        return split or config.split
-    programs, steps = triton.cdiv(rows, config.bn), cols // step
-    split = max(1, min(steps, max(config.min_split, config.programs_per_sm * num_sms(device) // programs)))
-    while steps % split:
-        split -= 1
-    return split
-
-
-def _finish(out: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    return out[0] if out.shape[0] == 1 else sum_splits(out, dtype)
+    return split or config.split or split_k(triton.cdiv(rows, config.bn), cols // step, device,
+                                            config.programs_per_sm, config.min_split)
 
 
 def fourbit_mma_matmul(x: torch.Tensor, packed: torch.Tensor, states, config: MmaConfig | None = None,
@@ -160,13 +148,13 @@ def fourbit_mma_matmul(x: torch.Tensor, packed: torch.Tensor, states, config: Mm
     split = _split(config, rows, cols, step, x.device, split)
     step = tile_width(cols // split, step, chunk)
     codes, nested, nb2, segment_args = segment_launch_args(states, cols)
-    out = torch.empty(split, tokens, rows, dtype=x.dtype if split == 1 else torch.float32, device=x.device)
+    out = split_output(split, tokens, rows, x)
     fourbit_mma_kernel[(triton.cdiv(rows, config.bn), split)](
         x, packed, states[0].absmax, codes, *nested, out, tokens, rows, cols, cols // split, x.stride(0),
         *segment_args, BS=blocksize, NB2=nb2, NESTED=bool(states[0].nested), NSEG=len(states), BM=TOKEN_TILE,
         BN=config.bn, CHUNK=chunk, CHUNKS=step // chunk, DECODE=_decoder(states, x.dtype),
         num_warps=config.num_warps, num_stages=config.num_stages, **launch_options(x.device))
-    return _finish(out, x.dtype)
+    return finish_splits(out, x.dtype)
 
 
 def int8_mma_matmul(x: torch.Tensor, data: torch.Tensor, scb: torch.Tensor, config: MmaConfig | None = None,
@@ -178,9 +166,9 @@ def int8_mma_matmul(x: torch.Tensor, data: torch.Tensor, scb: torch.Tensor, conf
     step = tile_width(cols, config.bk, 16)
     split = _split(config, rows, cols, step, x.device, split)
     step = tile_width(cols // split, step, 16)
-    out = torch.empty(split, tokens, rows, dtype=x.dtype if split == 1 else torch.float32, device=x.device)
+    out = split_output(split, tokens, rows, x)
     int8_mma_kernel[(triton.cdiv(rows, config.bn), split)](
         x, data, scb, out, tokens, rows, cols, cols // split, x.stride(0), data.stride(0), BM=TOKEN_TILE,
         BN=config.bn, BK=step, num_warps=config.num_warps, num_stages=config.num_stages,
         **launch_options(x.device))
-    return _finish(out, x.dtype)
+    return finish_splits(out, x.dtype)

@@ -31,10 +31,10 @@ import torch
 import triton
 
 from ..launch import split_k, tile_width as _tile_width
-from ..triton_reduce import sum_splits
+from ..triton_reduce import finish_splits, split_output
 from . import SMALL_BATCH_MAX_TOKENS
 from .mma_ops import fourbit_mma_matmul, int8_mma_matmul
-from .segments import cached_byte_table, segment_codes, segment_launch_args, segments_gathered
+from .segments import cached_byte_table, segment_launch_args, segments_gathered
 from .triton_gemv_tokens import fourbit_tokens_kernel, int8_tokens_kernel
 from .triton_kernels import int8_matmul_kernel, nf4_matmul_kernel
 
@@ -138,7 +138,7 @@ def _launch(kernel, x: torch.Tensor, rows: int, cols: int, bk: int, config: Matm
     grid_nm = (triton.cdiv(rows, config.bn), triton.cdiv(tokens, config.bm))
     if split is None:
         split = split_k(grid_nm[0] * grid_nm[1], cols // bk, x.device)
-    out = torch.empty(split, tokens, rows, dtype=x.dtype if split == 1 else torch.float32, device=x.device)
+    out = split_output(split, tokens, rows, x)
     kernel[(*grid_nm, split)](x, *args, out, tokens, rows, cols, cols // split, *strides,
                               BM=config.bm, BN=config.bn, BK=bk, num_warps=config.num_warps,
                               num_stages=config.num_stages, DOT=config.dot and config.bm > 1, **constants)
@@ -234,7 +234,8 @@ def fourbit_tokens_matmul(x: torch.Tensor, packed: torch.Tensor, states, config:
     rows = sum(int(state.shape[0]) for state in states)
     config = config or tokens_config(FOURBIT_TOKENS_CONFIG, tokens) or TOKENS_MANY
     first = states[0]
-    lut, codes = config.lut, segment_codes(states, 16, False)
+    codes, nested, nb2, segment_args = segment_launch_args(states, cols)
+    lut = config.lut
     table = cached_byte_table(codes) if lut == 256 else None
     if table is None:
         lut = 16
@@ -242,14 +243,13 @@ def fourbit_tokens_matmul(x: torch.Tensor, packed: torch.Tensor, states, config:
     bk = _tile_width(cols, config.bk, 8)
     split = split or config.split or split_k(grid_n, cols // bk, x.device)
     bk = _tile_width(cols // split, bk, 8)
-    codes, nested, nb2, segment_args = segment_launch_args(states, cols)
-    out = torch.empty(split, tokens, rows, dtype=x.dtype if split == 1 else torch.float32, device=x.device)
+    out = split_output(split, tokens, rows, x)
     fourbit_tokens_kernel[(grid_n, split)](
         x, packed, first.absmax, codes if table is None else table, *nested, out, tokens, rows, cols,
         cols // split, x.stride(0), *segment_args, BS=int(first.blocksize), NB2=nb2,
         NESTED=bool(first.nested), NSEG=len(states), LUT=lut, BM=triton.next_power_of_2(tokens), BN=config.bn,
         BK=bk, num_warps=config.num_warps, num_stages=config.num_stages)
-    return out[0] if split == 1 else sum_splits(out, x.dtype)
+    return finish_splits(out, x.dtype)
 
 
 def bnb_4bit_matmul_segments(x: torch.Tensor, packed: torch.Tensor, quant_states, bias: torch.Tensor | None = None):
@@ -296,11 +296,11 @@ def int8_tokens_matmul(x: torch.Tensor, data: torch.Tensor, scb: torch.Tensor, c
     bk = _tile_width(cols, config.bk, 4)
     split = split or config.split or split_k(grid_n, cols // bk, x.device)
     bk = _tile_width(cols // split, bk, 4)
-    out = torch.empty(split, tokens, rows, dtype=x.dtype if split == 1 else torch.float32, device=x.device)
+    out = split_output(split, tokens, rows, x)
     int8_tokens_kernel[(grid_n, split)](x, data, scb, out, tokens, rows, cols, cols // split, x.stride(0),
                                         data.stride(0), BM=triton.next_power_of_2(tokens), BN=config.bn, BK=bk,
                                         num_warps=config.num_warps, num_stages=config.num_stages)
-    return out[0] if split == 1 else sum_splits(out, x.dtype)
+    return finish_splits(out, x.dtype)
 
 
 def bnb_int8_matmul(x: torch.Tensor, data: torch.Tensor, scb: torch.Tensor, threshold: float,

@@ -11,9 +11,9 @@ import os
 import torch
 import triton
 
-from ..launch import num_sms
+from ..launch import launch_numbers, split_k
 from ..triton_pdl import launch_options
-from ..triton_reduce import sum_splits
+from ..triton_reduce import finish_splits, split_output
 from .triton_dot16 import dot16_kernel
 from .types import type_name, type_size
 
@@ -32,11 +32,7 @@ def dot16_launch() -> dict:
     setting = os.environ.get("TOOLKIT_GGUF_DOT16_LAUNCH")
     if not setting:
         return DOT16_LAUNCH
-    try:
-        bn, warps, stages, per_sm = (int(v) for v in setting.split(","))
-    except ValueError:
-        raise ValueError(f"TOOLKIT_GGUF_DOT16_LAUNCH={setting!r} is not BN,WARPS,STAGES,PROGRAMS_PER_SM") from None
-    return {"bn": bn, "num_warps": warps, "num_stages": stages, "programs_per_sm": per_sm}
+    return launch_numbers("TOOLKIT_GGUF_DOT16_LAUNCH", setting, tuple(DOT16_LAUNCH))
 
 
 def dot16_range() -> tuple[int, int]:
@@ -68,13 +64,12 @@ def dot16_matmul(x: torch.Tensor, data: torch.Tensor, qtype: int, cols: int, bm:
     grid_nm = (triton.cdiv(rows, bn), triton.cdiv(tokens, bm))
     superblocks = cols // 256
     if split is None:
-        per_sm = programs_per_sm or launch["programs_per_sm"]
-        split = max(1, min(superblocks, per_sm * num_sms(x.device) // (grid_nm[0] * grid_nm[1])))
+        split = split_k(grid_nm[0] * grid_nm[1], superblocks, x.device, programs_per_sm or launch["programs_per_sm"])
     while superblocks % split:  # each split: whole super-blocks
         split -= 1
-    out = torch.empty(split, tokens, rows, dtype=x.dtype if split == 1 else torch.float32, device=x.device)
+    out = split_output(split, tokens, rows, x)
     dot16_kernel[(*grid_nm, split)](
         x, data, out, tokens, rows, cols, cols // split, x.stride(0), data.stride(0), QTYPE=int(qtype),
         TS=type_size(qtype), BM=bm, BN=bn, num_warps=num_warps or launch["num_warps"],
         num_stages=num_stages or launch["num_stages"], **launch_options(x.device))
-    return out[0] if split == 1 else sum_splits(out, x.dtype)
+    return finish_splits(out, x.dtype)

@@ -38,7 +38,7 @@ from ..int8_blocks import Int8Blocks, Int8Input, attached
 from ..launch import l2_bytes, num_sms, split_k
 from ..launch import tile_width as _tile_width  # the MoE kernels import it from here
 from ..triton_pdl import launch_options
-from ..triton_reduce import sum_splits
+from ..triton_reduce import finish_splits, split_output
 
 # Scale sub-block per type: the tile width must be a multiple of it.
 SUB_BLOCK = {"Q4_0": 32, "Q4_1": 32, "Q5_0": 32, "Q5_1": 32, "Q8_0": 32, "IQ4_NL": 32,
@@ -227,13 +227,12 @@ def fused_matmul(x: torch.Tensor, data: torch.Tensor, qtype: int, cols: int, con
     grid_nm = (triton.cdiv(rows, config.bn), triton.cdiv(tokens, config.bm))
     if split is None:
         split = split_k(grid_nm[0] * grid_nm[1], cols // bk, x.device)
-    out_dtype = x.dtype if split == 1 else torch.float32
-    out = torch.empty(split, tokens, rows, dtype=out_dtype, device=x.device)
+    out = split_output(split, tokens, rows, x)
     matmul_kernel[(*grid_nm, split)](
         x, data, out, _codebook(x.device), tokens, rows, cols // split, data.stride(0), x.stride(0),
         BM=config.bm, BN=config.bn, BK=bk, num_warps=config.num_warps, num_stages=config.num_stages,
         WORDS=words, **_type_args(qtype))
-    return out[0] if split == 1 else sum_splits(out, x.dtype)
+    return finish_splits(out, x.dtype)
 
 
 def activation_blocks(x: torch.Tensor, sums: bool) -> Int8Blocks:
@@ -277,13 +276,13 @@ def dp4a_tokens_matmul(x: torch.Tensor, data: torch.Tensor, qtype: int, cols: in
     while split > 1 and (cols % split or (cols // split) % step):  # each split: whole blocks
         split -= 1
     bk = _tile_width(cols // split, max(config.bk, step))
-    out = torch.empty(split, tokens, rows, dtype=x.dtype if split == 1 else torch.float32, device=x.device)
+    out = split_output(split, tokens, rows, x)
     gemv_tokens_kernel[(grid_n, split)](
         words, scales, scales if sums is None else sums, data, out, tokens, rows, cols, cols // split,
         data.stride(0), QTYPE=int(qtype), TS=type_size(qtype), BM=triton.next_power_of_2(tokens), BN=config.bn,
         BK=bk, DP4A=_HARDWARE_DP4A, num_warps=config.num_warps, num_stages=config.num_stages,
         **launch_options(x.device))
-    return out[0] if split == 1 else sum_splits(out, x.dtype)
+    return finish_splits(out, x.dtype)
 
 
 def _dp4a_ok(data: torch.Tensor, qtype: int, cols: int) -> bool:
@@ -312,12 +311,12 @@ def mmq_matmul(x: torch.Tensor, data: torch.Tensor, qtype: int, cols: int, bm: i
         split = _mmq_split(grid_nm[0] * grid_nm[1], config.programs_per_sm, x.device)
     while (cols // block) % split:  # each split: whole blocks
         split -= 1
-    out = torch.empty(split, tokens, rows, dtype=x.dtype if split == 1 else torch.float32, device=x.device)
+    out = split_output(split, tokens, rows, x)
     mmq_kernel[(*grid_nm, split)](
         quants, scales, sums, data, out, tokens, rows, cols, cols // split, data.stride(0), out.stride(1),
         out.stride(0), QTYPE=int(qtype), TS=type_size(qtype), BM=bm, BN=bn, num_warps=num_warps,
         num_stages=num_stages, **launch_options(x.device))
-    return out[0] if split == 1 else sum_splits(out, x.dtype)
+    return finish_splits(out, x.dtype)
 
 
 def mmq_activations(x: torch.Tensor, name: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
