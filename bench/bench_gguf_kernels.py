@@ -45,6 +45,7 @@ TOKENS_SWEEP = [(1, 1024, 1, 2), (2, 1024, 1, 2), (1, 4096, 1, 2), (2, 2048, 2, 
 MMQ_COMPARE = [(64, 4, None, 2), (32, 4, None, 2)]
 # (BN, warps, stages, programs per SM for the K split) of the 16-bit tensor-core kernel (triton_dot16)
 DOT16_SWEEP = [(64, 4, 2, 4), (64, 4, 2, 2), (64, 4, 3, 8), (64, 4, 4, 4), (128, 8, 2, 4), (64, 4, 2, 1)]
+DOT16_GROUPS = (1, 2, 4, 8)   # Q4_0/Q8_0 blocks per K-loop iteration (the default launch otherwise)
 MMQ_SWEEP = [(128, 8, None, 2), (64, 4, 2, 3), (64, 4, 4, 3), (32, 2, 2, 3), (32, 4, 4, 3), (16, 1, 4, 3),
              (16, 2, 2, 4), (32, 2, 8, 3), (64, 8, 4, 3), (128, 4, 2, 3)]
 
@@ -115,6 +116,9 @@ def _all_variants(name: str, rows: int, cols: int, tokens: int, sweep: bool, cop
             out[f"dot16_n{bn}w{warps}p{stages}m{per_sm}"] = each(
                 lambda data, dense, bn=bn, warps=warps, stages=stages, per_sm=per_sm: dot16_ops.dot16_matmul(
                     x, data, qtype, cols, bn=bn, num_warps=warps, num_stages=stages, programs_per_sm=per_sm))
+        for group in DOT16_GROUPS if name in ("Q4_0", "Q8_0") else ():
+            out[f"dot16_g{group}"] = each(
+                lambda data, dense, group=group: dot16_ops.dot16_matmul(x, data, qtype, cols, group=group))
     if regime != "decode":
         out["triton_dequant+mm"] = each(lambda data, dense: x @ triton_ops.gguf_dequantize(data, qtype, cols,
                                                                                            x.dtype).T)

@@ -320,7 +320,7 @@ def test_tokens_gemv_within_activation_rounding(name):
 @pytest.mark.gpu
 @gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("name", ["Q4_K", "Q6_K"])
+@pytest.mark.parametrize("name", ["Q4_0", "Q8_0", "Q4_K", "Q6_K"])
 def test_dot16_within_weight_rounding(name, dtype):
     """The 16-bit tensor-core kernel (triton_dot16) against float64 on the dequantized weight (the Triton
     dequantizer, bit-equal to gguf-py's above): each weight rounded once to x's dtype, float32 sums, the

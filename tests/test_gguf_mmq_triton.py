@@ -113,19 +113,21 @@ def test_dense_mmq_kernel(qtype):
 
 
 @here
-@pytest.mark.parametrize("qtype", [Q.Q4_K, Q.Q6_K], ids=lambda q: q.name)
+@pytest.mark.parametrize("qtype", [Q.Q4_0, Q.Q8_0, Q.Q4_K, Q.Q6_K], ids=lambda q: q.name)
 def test_dense_dot16_kernel(qtype):
     """``dot16_matmul`` (weights decoded to 16 bits, ``triton_dot16``): 19 tokens in tiles of 16 (the second
-    partial), 24 rows (off the 16-row tiles), K split 2. float16 activations (the interpreter's bfloat16
+    partial), 24 rows (off the 16-row tiles), K split 2, Q4_0/Q8_0 at 1, 2 and 8 blocks per K step. float16 activations (the interpreter's bfloat16
     ``tl.dot`` is wrong); each weight is rounded to float16 once (2^-11 relative) and the result is float16."""
     rows, cols = 24, 512
     packed, weight, magnitude = _weights(qtype, rows, cols, 11)
     x = torch.randn(19, cols, generator=torch.Generator().manual_seed(12)).half()
-    got = dot16.dot16_matmul(x, packed, int(qtype), cols, bm=16, bn=16, num_warps=4, split=2, num_stages=1)
     exact = x.double() @ weight.T
     bound = 2 ** -10 * (x.double().abs() @ magnitude.T + exact.abs())
-    assert got.dtype == torch.float16
-    assert ((got.double() - exact).abs() <= bound).all(), (qtype.name, (got.double() - exact).abs().max().item())
+    for group in (None, 1, 8) if qtype in (Q.Q4_0, Q.Q8_0) else (None,):   # Q4_0/Q8_0 blocks per K step
+        got = dot16.dot16_matmul(x, packed, int(qtype), cols, bm=16, bn=16, num_warps=4, split=2, num_stages=1,
+                                 group=group)
+        assert got.dtype == torch.float16
+        assert ((got.double() - exact).abs() <= bound).all(), (qtype.name, group, (got.double() - exact).abs().max())
 
 
 def _routes(tokens: int, experts: int, top_k: int, seed: int) -> torch.Tensor:

@@ -45,22 +45,26 @@ def test_dot16_range_and_launch(monkeypatch):
     monkeypatch.setenv("TOOLKIT_GGUF_DOT16", "0")
     first, last = dot16_ops.dot16_range()
     assert first > last  # an empty range: no call
-    monkeypatch.setenv("TOOLKIT_GGUF_DOT16_LAUNCH", "128,8,3,2")
-    assert dot16_ops.dot16_launch() == {"bn": 128, "num_warps": 8, "num_stages": 3, "programs_per_sm": 2}
-    monkeypatch.setenv("TOOLKIT_GGUF_DOT16_LAUNCH", "128,x,3,2")
+    monkeypatch.setenv("TOOLKIT_GGUF_DOT16_LAUNCH", "128,8,3,2,4")
+    assert dot16_ops.dot16_launch() == {"bn": 128, "num_warps": 8, "num_stages": 3, "programs_per_sm": 2,
+                                        "group": 4}
+    monkeypatch.setenv("TOOLKIT_GGUF_DOT16_LAUNCH", "128,x,3,2,1")
     with pytest.raises(ValueError, match="TOOLKIT_GGUF_DOT16_LAUNCH"):
         dot16_ops.dot16_launch()
 
 
-def test_dot16_takes_q4k_and_q6k_from_17_to_64_tokens():
+def test_dot16_takes_its_types_from_17_to_64_tokens():
     import torch
     from gguf import GGMLQuantizationType as Q
 
     q4k = torch.zeros(8, 2 * 144, dtype=torch.uint8)            # 512 columns: two super-blocks of 144 bytes
     q6k = torch.zeros(8, 2 * 210, dtype=torch.uint8)
+    q4_0 = torch.zeros(8, 16 * 18, dtype=torch.uint8)
     q8 = torch.zeros(8, 16 * 34, dtype=torch.uint8)
-    for data, qtype in ((q4k, Q.Q4_K), (q6k, Q.Q6_K)):
+    q5k = torch.zeros(8, 2 * 176, dtype=torch.uint8)
+    for data, qtype in ((q4k, Q.Q4_K), (q6k, Q.Q6_K), (q4_0, Q.Q4_0), (q8, Q.Q8_0)):
         assert [dot16_ops.dot16_takes(data, int(qtype), 512, t) for t in (16, 17, 64, 65)] == [False, True, True, False]
-    assert not dot16_ops.dot16_takes(q8, int(Q.Q8_0), 512, 32)
+    assert not dot16_ops.dot16_takes(q5k, int(Q.Q5_K), 512, 32)                # a type it has no decoder for
+    assert not dot16_ops.dot16_takes(q4_0[:, :9 * 18], int(Q.Q4_0), 288, 32)   # K not whole 256-column steps
     unaligned = torch.zeros(8, 2 * 144 + 2, dtype=torch.uint8)[:, :288]   # rows 290 bytes apart: not 4-aligned
     assert not dot16_ops.dot16_takes(unaligned, int(Q.Q4_K), 512, 32)

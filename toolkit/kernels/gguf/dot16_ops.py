@@ -1,6 +1,6 @@
 """Host side of the 16-bit tensor-core GGUF kernel (``triton_dot16``): which calls it takes, and its launch.
 
-``gguf_matmul`` sends it Q4_K and Q6_K calls of ``DOT16_MIN_TOKENS`` to ``DOT16_MAX_TOKENS`` tokens, ahead of the
+``gguf_matmul`` sends it Q4_0, Q8_0, Q4_K and Q6_K calls of ``DOT16_MIN_TOKENS`` to ``DOT16_MAX_TOKENS`` tokens, ahead of the
 int8 kernels (``TOOLKIT_GGUF_DOT16=0``: none; ``TOOLKIT_GGUF_DOT16_MIN_TOKENS`` moves the lower end, for timing
 it against them in a whole engine).
 """
@@ -17,17 +17,21 @@ from ..triton_reduce import finish_splits, split_output
 from .triton_dot16 import dot16_kernel
 from .types import type_name, type_size
 
-DOT16_TYPES = ("Q4_K", "Q6_K")
+DOT16_TYPES = ("Q4_0", "Q8_0", "Q4_K", "Q6_K")
 DOT16_MIN_TOKENS = 17
 DOT16_MAX_TOKENS = 64
 # From bench/bench_gguf_kernels.py --variants dot16 (DOT16_SWEEP there) on an H100, 8B shapes, 32 and 64 tokens
 # (docs/benchmarks.md, run 11): 64 rows per warpgroup MMA, 2 stages of loads in flight (3 and 4 were slower in
-# 10 of 12 cells: their activation tiles fill shared memory), K split until about 4 programs per SM.
-DOT16_LAUNCH = {"bn": 64, "num_warps": 4, "num_stages": 2, "programs_per_sm": 4}
+# 10 of 12 cells: their activation tiles fill shared memory), K split until about 4 programs per SM. ``group``:
+# Q4_0/Q8_0 blocks per K-loop iteration, 0 for each type's ``DOT16_GROUP`` (measured with DOT16_GROUPS there and
+# in the engine, docs/benchmarks.md run 13: Q4_0 best at 2 (1.5B Q4_0 batch 32/64 12,064/16,135 tok/s against
+# 10,428/15,018 at 1 and 11,622/14,198 at 8), Q8_0 at 1 in every shape).
+DOT16_LAUNCH = {"bn": 64, "num_warps": 4, "num_stages": 2, "programs_per_sm": 4, "group": 0}
+DOT16_GROUP = {"Q4_0": 2}
 
 
 def dot16_launch() -> dict:
-    """``DOT16_LAUNCH``, or ``TOOLKIT_GGUF_DOT16_LAUNCH="BN,WARPS,STAGES,PROGRAMS_PER_SM"`` (for timing alternatives
+    """``DOT16_LAUNCH``, or ``TOOLKIT_GGUF_DOT16_LAUNCH="BN,WARPS,STAGES,PROGRAMS_PER_SM,GROUP"`` (for timing alternatives
     in a whole engine without editing code; malformed: ValueError naming the variable)."""
     setting = os.environ.get("TOOLKIT_GGUF_DOT16_LAUNCH")
     if not setting:
@@ -54,9 +58,11 @@ def dot16_takes(data: torch.Tensor, qtype: int, cols: int, tokens: int) -> bool:
 
 def dot16_matmul(x: torch.Tensor, data: torch.Tensor, qtype: int, cols: int, bm: int | None = None,
                  bn: int | None = None, num_warps: int | None = None, num_stages: int | None = None,
-                 split: int | None = None, programs_per_sm: int | None = None) -> torch.Tensor:
+                 split: int | None = None, programs_per_sm: int | None = None,
+                 group: int | None = None) -> torch.Tensor:
     """``x [T, cols] @ W.T`` -> ``[T, rows]`` in x's dtype (x contiguous, fp16/bf16); launch arguments default
-    to ``dot16_launch()``, ``bm`` (tokens per program) to T rounded up to a power of two, 16 to 64."""
+    to ``dot16_launch()``, ``bm`` (tokens per program) to T rounded up to a power of two, 16 to 64; ``group``
+    (1, 2, 4 or 8): Q4_0/Q8_0 blocks per K-loop iteration (default: ``DOT16_GROUP`` of the type, else 1)."""
     tokens, rows = x.shape[0], data.shape[0]
     launch = dot16_launch()
     bn = bn or launch["bn"]
@@ -68,8 +74,9 @@ def dot16_matmul(x: torch.Tensor, data: torch.Tensor, qtype: int, cols: int, bm:
     while superblocks % split:  # each split: whole super-blocks
         split -= 1
     out = split_output(split, tokens, rows, x)
+    group = group or launch["group"] or DOT16_GROUP.get(type_name(qtype), 1)
     dot16_kernel[(*grid_nm, split)](
         x, data, out, tokens, rows, cols, cols // split, x.stride(0), data.stride(0), QTYPE=int(qtype),
-        TS=type_size(qtype), BM=bm, BN=bn, num_warps=num_warps or launch["num_warps"],
+        TS=type_size(qtype), BM=bm, BN=bn, GROUP=group, num_warps=num_warps or launch["num_warps"],
         num_stages=num_stages or launch["num_stages"], **launch_options(x.device))
     return finish_splits(out, x.dtype)

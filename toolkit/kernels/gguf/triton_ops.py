@@ -12,8 +12,8 @@ Launch choices (measured by ``bench/bench_gguf_kernels.py --sweep``; see the con
   16-bit copy would not fit in L2): the int8 tensor-core kernel
   (``triton_mmq``, launches in ``mmq_config``); up to ``FUSED_MAX_TOKENS`` for the other types the
   fused ``tl.dot`` kernel with ``BM=16``.
-- Q4_K and Q6_K at 17-64 tokens, ahead of the int8 kernels: the 16-bit tensor-core kernel (``triton_dot16``,
-  ``dot16_ops``; ``TOOLKIT_GGUF_DOT16=0`` turns it off).
+- Q4_0, Q8_0, Q4_K and Q6_K at 17-64 tokens, ahead of the int8 kernels: the 16-bit tensor-core kernel
+  (``triton_dot16``, ``dot16_ops``; ``TOOLKIT_GGUF_DOT16=0`` turns it off).
 - larger ``T`` (prefill): Triton dequantize to x's dtype, then the dense matmul (cuBLAS): 3-4x
   faster than the fused kernel at BM=128, which re-unpacks W once per token tile.
 """
@@ -356,7 +356,10 @@ def _mmq_ok(data: torch.Tensor, qtype: int, cols: int, tokens: int) -> bool:
 
 
 def _int8_kernel(data: torch.Tensor, qtype: int, cols: int, tokens: int):
-    """The int8-activation kernel ``gguf_matmul`` takes for this call (dp4a or mmq), or None."""
+    """The int8-activation kernel ``gguf_matmul`` takes for this call (dp4a or mmq), or None (also where the
+    16-bit kernel takes it first: then no one asks the norm for int8 blocks it would not read)."""
+    if dot16_takes(data, qtype, cols, tokens):
+        return None
     if tokens <= TOKENS_MAX_TOKENS.get(type_name(qtype), 0) and _dp4a_ok(data, qtype, cols):
         return dp4a_tokens_matmul
     if _mmq_ok(data, qtype, cols, tokens):
