@@ -1,8 +1,8 @@
 """Host side of the 16-bit tensor-core GGUF kernel (``triton_dot16``): which calls it takes, and its launch.
 
-``gguf_matmul`` sends it Q4_0, Q8_0, Q4_K and Q6_K calls of ``DOT16_MIN_TOKENS`` to ``DOT16_MAX_TOKENS`` tokens, ahead of the
-int8 kernels (``TOOLKIT_GGUF_DOT16=0``: none; ``TOOLKIT_GGUF_DOT16_MIN_TOKENS`` moves the lower end, for timing
-it against them in a whole engine).
+``gguf_matmul`` sends it Q4_0, Q8_0, Q4_K and Q6_K calls of ``DOT16_MIN_TOKENS`` to ``DOT16_MAX_TOKENS`` tokens,
+ahead of the int8 kernels (``TOOLKIT_GGUF_DOT16=0``: none; ``TOOLKIT_GGUF_DOT16_MIN_TOKENS`` moves the lower end,
+for timing it against them in a whole engine).
 """
 from __future__ import annotations
 
@@ -31,8 +31,9 @@ DOT16_GROUP = {"Q4_0": 2}
 
 
 def dot16_launch() -> dict:
-    """``DOT16_LAUNCH``, or ``TOOLKIT_GGUF_DOT16_LAUNCH="BN,WARPS,STAGES,PROGRAMS_PER_SM,GROUP"`` (for timing alternatives
-    in a whole engine without editing code; malformed: ValueError naming the variable)."""
+    """``DOT16_LAUNCH``, or ``TOOLKIT_GGUF_DOT16_LAUNCH="BN,WARPS,STAGES,PROGRAMS_PER_SM,GROUP"`` (GROUP 0: each
+    type's ``DOT16_GROUP``; for timing alternatives in a whole engine without editing code; malformed: ValueError
+    naming the variable)."""
     setting = os.environ.get("TOOLKIT_GGUF_DOT16_LAUNCH")
     if not setting:
         return DOT16_LAUNCH

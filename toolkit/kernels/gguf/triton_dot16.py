@@ -6,28 +6,30 @@ Why: above 16 tokens the int8 kernel (``triton_mmq``) pays a float multiply-add 
 so its work per weight grows with the tokens, and dequantize + cuBLAS writes and re-reads the whole weight in 16
 bits on every step (the 8B's batches 32-64 ran at 0.86-0.91x llama.cpp with them). Here a weight costs the same
 few instructions whatever the tokens. On sm_90 the first operand of a warpgroup MMA is read from registers, so
-the decoded weights never go through shared memory; the packed bytes (where 4-byte aligned) and the activations
-do (staged by Triton's pipeliner).
+where the packed bytes are 4-byte aligned (Q4_K) the decoded weights never go through shared memory; the packed
+bytes and the activations do (staged by Triton's pipeliner).
 
-Decoding a weight: its quant unpacked four to a register (``triton_mmq.nibbles`` / ``six_bits``), then made a
-float without an int->float conversion (those run at a quarter of the FP32 rate on Hopper, and were one per
-weight): ``unit_floats`` puts the byte into the mantissa of 1.0 (``1 + q / 128`` exactly, one byte permute), and
-one fused multiply-add per weight takes it to ``q * scale - offset``: ``u * 128 scale - (128 scale + offset)``,
-the per-row constants computed once per sub-block. Q8_0's full signed bytes go one byte lower (``byte_floats``:
-``1 + (q + 128) / 32768``). The fused multiply-add is exact up to its one rounding for every type here but Q4_K,
-whose ``128 scale + offset`` may round (2^-24 of it, ~2^-17 of the sub-block's scale). The weight is then
-rounded to x's dtype once (bf16: relative 2^-9), where the int8 kernels round the activations to 8 bits (2^-8
-per 32-block); the tests hold it to gguf-py's dequantization times x.
+Decoding a weight: its quant unpacked four to a register (``triton_mmq.nibbles`` / ``six_bits``), then, for
+Q4_0, Q8_0 and Q4_K, made a float without an int->float conversion (those run at a quarter of the FP32 rate on
+Hopper, and were one per weight): ``unit_floats`` puts the byte into the mantissa of 1.0 (``1 + q / 128``
+exactly, one byte permute), and one fused multiply-add per weight takes it to ``q * scale - offset``:
+``u * 128 scale - (128 scale + offset)``, the per-row constants computed once per sub-block. Q8_0's full signed
+bytes go one byte lower (``byte_floats``: ``1 + (q + 128) / 32768``). The fused multiply-add is exact up to its
+one rounding for Q4_0 and Q8_0; Q4_K's ``128 scale + offset`` may round (2^-24 of it, ~2^-17 of the sub-block's
+scale). Q6_K keeps the int8 conversion (the float-building form measured 10-20% slower there: its unstaged
+loads, not arithmetic, hold it). The weight is then rounded to x's dtype once (bf16: relative 2^-9), where the
+int8 kernels round the activations to 8 bits (2^-8 per 32-block); the tests hold it to gguf-py's
+dequantization times x.
 
 Types and their K loops:
 - Q4_K (super-blocks of 256: 32-column sub-blocks with a 6-bit scale and minimum; a 32-byte load serves the low
   nibbles of one sub-block and the high nibbles of the next; d and dmin read as one 32-bit word, so that the
   pipeliner stages it with the rest) and Q6_K (sixteen 16-column scales: a 32-column piece takes its two
   scales by column): one super-block per iteration, a dot per 32 columns.
-- Q4_0 and Q8_0 (18- and 34-byte blocks of 32 columns, one fp16 scale): their blocks are only 2-byte aligned,
-  which the pipeliner's asynchronous copies cannot stage, so the loop carries the next block's bytes in
-  registers (loaded one iteration ahead); one block and one dot per iteration lets Triton keep that MMA in
-  flight while the next block decodes. Q4_0's column c is nibble c // 16 of byte c % 16.
+- Q4_0 and Q8_0 (18- and 34-byte blocks of 32 columns, one fp16 scale): ``GROUP`` blocks per iteration, a dot
+  each. Their blocks are only 2-byte aligned, which the pipeliner's asynchronous copies cannot stage, so their
+  loads stay in the loop (and the decoded tile reaches the MMA through shared memory). Q4_0's column c is
+  nibble c // 16 of byte c % 16.
 K may be split over a third grid axis (``K_SPLIT`` columns, whole super-blocks); partial sums then go to a
 float32 ``[SPLIT, T, N]`` buffer the caller reduces.
 """
@@ -64,8 +66,8 @@ def unit_floats(q, ASM: tl.constexpr):
 
 @triton.jit
 def byte_floats(q, ASM: tl.constexpr):
-    """float32 ``1 + (q + 128) / 32768`` of a tensor of 8-bit ``q`` (read as int8), exactly: the byte, offset to unsigned, as bits 8-15 of
-    1.0's bits (0x3F800000)."""
+    """float32 ``1 + (q + 128) / 32768`` of a tensor of 8-bit ``q`` (read as int8), exactly: the byte, offset
+    to unsigned, as bits 8-15 of 1.0's bits (0x3F800000)."""
     if ASM:
         return tl.inline_asm_elementwise(BYTE_FLOATS_PTX, "=r,=r,=r,=r,r", [q], dtype=tl.float32, is_pure=True, pack=4)
     else:
@@ -79,9 +81,9 @@ def _weights(u, scale, bias, x_ptr):
 
 
 @triton.jit
-def _activations(x_ptr, tokens, T, stride_x, first_col, BK: tl.constexpr):
-    """``[BK, BM]``: columns ``first_col ..`` of x for each token (zeros past ``T``)."""
-    cols = first_col + tl.arange(0, BK)[:, None]
+def _activations(x_ptr, tokens, T, stride_x, first_col):
+    """``[32, BM]``: columns ``first_col ..`` of x for each token (zeros past ``T``)."""
+    cols = first_col + tl.arange(0, 32)[:, None]
     return tl.load(x_ptr + tokens[None, :] * stride_x + cols, mask=tokens[None, :] < T, other=0.0)
 
 
@@ -112,7 +114,7 @@ def dot16_kernel(x_ptr, w_ptr, out_ptr, T, N, K, K_SPLIT, stride_x, row_bytes,
         for sb in range(first, first + K_SPLIT // 256):
             block = rows + sb * TS
             k0 = sb * 256
-            if QTYPE == Q4_K:  # d, dmin, scales[12], qs[128]: 32-column sub-block s is nibble s % 2 of bytes 32 (s // 2)..
+            if QTYPE == Q4_K:  # d, dmin, scales[12], qs[128]: sub-block s is nibble s % 2 of bytes 32 (s // 2)..
                 dd = _u32(block, 0)
                 d128 = half_bits(dd) * 128.0
                 dmin = half_bits(dd >> 16)
@@ -123,7 +125,7 @@ def dot16_kernel(x_ptr, w_ptr, out_ptr, T, N, K, K_SPLIT, stride_x, row_bytes,
                     sc, mn = _k_scale_min_words(sw0, sw1, sw2, s)
                     scale = d128 * sc
                     w = _weights(unit_floats(nibbles(byte, 4 * (s % 2), ASM), ASM), scale, scale + dmin * mn, x_ptr)
-                    acc = tl.dot(w, _activations(x_ptr, tokens, T, stride_x, k0 + 32 * s, 32), acc)
+                    acc = tl.dot(w, _activations(x_ptr, tokens, T, stride_x, k0 + 32 * s), acc)
             else:  # Q6_K: ql[128], qh[64], scales[16] int8, d; 32-column piece s = quarter s % 4 of half s // 4
                 d = half_bits(_u16(block, 104))
                 for s in tl.static_range(8):
@@ -138,7 +140,7 @@ def dot16_kernel(x_ptr, w_ptr, out_ptr, T, N, K, K_SPLIT, stride_x, row_bytes,
                     sc_low = tl.load(block + 192 + 2 * s).to(tl.int8, bitcast=True).to(tl.float32)
                     sc_high = tl.load(block + 193 + 2 * s).to(tl.int8, bitcast=True).to(tl.float32)
                     w = (q.to(tl.float32) * (d * tl.where(c < 16, sc_low, sc_high))).to(x_ptr.dtype.element_ty)
-                    acc = tl.dot(w, _activations(x_ptr, tokens, T, stride_x, k0 + 32 * s, 32), acc)
+                    acc = tl.dot(w, _activations(x_ptr, tokens, T, stride_x, k0 + 32 * s), acc)
     else:  # Q4_0: d, qs[16] (q - 8); Q8_0: d, qs[32] int8. GROUP blocks per iteration, a dot each
         first = pid_k * (K_SPLIT // 32)
         for g in range(first, first + K_SPLIT // 32, GROUP):
@@ -151,6 +153,6 @@ def dot16_kernel(x_ptr, w_ptr, out_ptr, T, N, K, K_SPLIT, stride_x, row_bytes,
                     w = _weights(u, d * 128.0, d * 136.0, x_ptr)
                 else:
                     w = _weights(byte_floats(q, ASM), d * 32768.0, d * 32896.0, x_ptr)
-                acc = tl.dot(w, _activations(x_ptr, tokens, T, stride_x, (g + i) * 32, 32), acc)
+                acc = tl.dot(w, _activations(x_ptr, tokens, T, stride_x, (g + i) * 32), acc)
     out = out_ptr + (pid_k * T + tokens[None, :]).to(tl.int64) * N + offs_n[:, None]
     tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=(tokens[None, :] < T) & (offs_n[:, None] < N))
