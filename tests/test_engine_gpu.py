@@ -19,6 +19,10 @@ CASES = [  # heads, kv_heads, head_dim, [(context, new tokens) per sequence], sl
     (8, 1, 80, [(90, 90), (50, 3)], 7, None),                                   # MQA, odd head dim, window
     (4, 2, 256, [(40, 40), (129, 1)], None, 30.0),                              # Gemma-like: 256 dims, softcap
     (16, 2, 16, [(100, 1), (45, 45)], 32, 50.0),
+    # decode batches small enough for the split-context kernel (kernels/attention/triton_decode.py)
+    (8, 2, 128, [(500, 1), (0, 1), (64, 1)], None, None),                        # long context, a padding row
+    (4, 2, 256, [(129, 1), (3, 1)], 16, 30.0),                                  # 256 dims, window, softcap
+    (32, 8, 64, [(1000, 1)], None, None),                                       # batch 1, 16 slices
 ]
 
 
@@ -58,6 +62,30 @@ def test_triton_paged_attention_matches_reference(case, dtype):
     tolerance = 2e-2 if dtype == torch.bfloat16 else 5e-3 if dtype == torch.float16 else 1e-4
     torch.testing.assert_close(got.float()[real], expected, atol=tolerance, rtol=tolerance)
     assert torch.all(got[~real] == 0)
+
+
+@pytest.mark.parametrize("splits", [1, 2, 16])
+def test_split_decode_in_a_cuda_graph_follows_the_context(splits, monkeypatch):
+    """The split-context decode kernel at 1, 2 and 16 slices, captured once and replayed as the context
+    grows (the slices are cut from the lengths on the GPU; the counters must be back at zero after every
+    launch), against the reference each time."""
+    from toolkit.kernels.attention import ops  # noqa: PLC0415
+
+    monkeypatch.setenv("TOOLKIT_DECODE_SPLITS", str(splits))
+    q, k_cache, v_cache, attn = make_case(32, 8, 128, [(700, 1), (5, 1)], torch.bfloat16)
+    assert ops.decode_splits(2, 8, 4, 128, q.device) == splits
+    impl = runtime.resolve("paged_attention", q, k_cache, v_cache, attn, 128 ** -0.5, None, None)
+    impl(q, k_cache, v_cache, attn, 128 ** -0.5, None, None)             # the counters exist before capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        got = impl(q, k_cache, v_cache, attn, 128 ** -0.5, None, None)
+    for lengths in ([700, 5], [37, 1], [704, 16]):
+        attn.seq_lens.copy_(torch.tensor(lengths))
+        graph.replay()
+        expected = reference.paged_attention(q.float(), k_cache.float(), v_cache.float(), attn, 128 ** -0.5)
+        torch.testing.assert_close(got.float(), expected, atol=2e-2, rtol=2e-2)
+    if splits > 1:
+        assert int(ops._COUNTS[q.device].abs().sum()) == 0
 
 
 def without_empty(attn: AttentionMetadata) -> AttentionMetadata:

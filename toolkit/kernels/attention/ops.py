@@ -1,10 +1,14 @@
 """The Triton kernels as torch custom ops, plus the runtime-facing wrappers and their ``supports``."""
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 
+from ..launch import num_sms
 from ..triton_pdl import launch_options
+from .triton_decode import split_decode_kernel
 from .triton_kernels import paged_attention_kernel, store_kv_kernel
 
 MAX_HEAD_DIM = 256
@@ -22,13 +26,82 @@ def _launch_config(group: int, head_dim: int, max_query_len: int) -> dict:
                 num_warps=4 if block_d <= 128 else 8)
 
 
+# Split-context decode (triton_decode): programs per SM it aims at, the most slices per (sequence, kv head),
+# and the most float32 partials (slices x head-group rows x head dim) the combining program holds at once.
+DECODE_PROGRAMS_PER_SM = 2
+MAX_DECODE_SPLITS = 16
+MAX_COMBINED = 8192
+DECODE_BLOCK_N = 32
+
+
+def decode_splits(num_seqs: int, num_kv_heads: int, group: int, head_dim: int, device: torch.device) -> int:
+    """Slices of the context per (sequence, kv head) for a decode step: a power of two, enough that the step
+    runs about ``DECODE_PROGRAMS_PER_SM`` programs per SM; 1 (the one-program kernel) once the sequences
+    alone fill the GPU. Depends on the batch's shape only, never its lengths, so a CUDA graph keeps it.
+    ``TOOLKIT_DECODE_SPLITS=N`` sets the most slices instead (a power of two; 1 turns splitting off)."""
+    wanted = int(os.environ.get("TOOLKIT_DECODE_SPLITS", MAX_DECODE_SPLITS))
+    programs = max(1, num_seqs * num_kv_heads)
+    splits = min(wanted, DECODE_PROGRAMS_PER_SM * num_sms(device) // programs)
+    rows = triton.next_power_of_2(group) * max(16, triton.next_power_of_2(head_dim))
+    while splits > 1 and splits * rows > MAX_COMBINED:
+        splits //= 2
+    return 1 if splits < 2 else 2 ** (splits.bit_length() - 1)
+
+
+_COUNTS: dict[torch.device, torch.Tensor] = {}
+
+
+def _decode_counts(device: torch.device, slots: int) -> torch.Tensor | None:
+    """The zeroed counters of ``split_decode_kernel`` (each combining program zeroes its own again), made
+    once per device outside graph capture; None while capturing before they exist (then no split)."""
+    counts = _COUNTS.get(device)
+    if counts is None or counts.numel() < slots:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            return None
+        counts = _COUNTS[device] = torch.zeros(max(slots, 1024), dtype=torch.int32, device=device)
+    return counts
+
+
+def _split_decode(q, k_cache, v_cache, query_start_loc, seq_lens, block_tables, scale, sliding_window, softcap,
+                  splits: int) -> torch.Tensor | None:
+    """``_paged_attention`` for one new token per sequence, the context cut into ``splits`` slices (None: the
+    counters are not there yet)."""
+    num_seqs, (_, num_heads, head_dim) = seq_lens.shape[0], q.shape
+    num_kv_heads = k_cache.shape[2]
+    counts = _decode_counts(q.device, num_seqs * num_kv_heads)
+    if counts is None:
+        return None
+    group = num_heads // num_kv_heads
+    rows, block_d = triton.next_power_of_2(group), max(16, triton.next_power_of_2(head_dim))
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    acc_part = torch.empty(num_seqs * num_kv_heads, splits, rows, block_d, dtype=torch.float32, device=q.device)
+    ml_part = torch.empty(num_seqs * num_kv_heads, splits, 2, rows, dtype=torch.float32, device=q.device)
+    split_decode_kernel[(num_seqs, num_kv_heads, splits)](
+        out, q, k_cache, v_cache, query_start_loc, seq_lens, block_tables, acc_part, ml_part, counts,
+        scale, softcap, sliding_window, q.stride(0), q.stride(1), out.stride(0), out.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), v_cache.stride(0), v_cache.stride(1),
+        v_cache.stride(2), block_tables.stride(0),
+        HEAD_DIM=head_dim, BLOCK_D=block_d, GROUP=group, GROUP_PAD=max(16, rows), ROWS=rows,
+        BLOCK_N=DECODE_BLOCK_N, PAGE=k_cache.shape[1], SPLITS=splits, USE_SOFTCAP=softcap > 0,
+        USE_WINDOW=sliding_window > 0, PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        num_warps=4, **launch_options(q.device))
+    return out
+
+
 def _paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, query_start_loc: torch.Tensor,
                      seq_lens: torch.Tensor, block_tables: torch.Tensor, max_query_len: int, scale: float,
                      sliding_window: int, softcap: float) -> torch.Tensor:
     """q [T, H, D] attends over each sequence's paged KV; ``sliding_window``/``softcap`` 0 mean off."""
-    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     num_seqs, (_, num_heads, head_dim) = seq_lens.shape[0], q.shape
     num_kv_heads = k_cache.shape[2]
+    if max_query_len == 1:
+        splits = decode_splits(num_seqs, num_kv_heads, num_heads // num_kv_heads, head_dim, q.device)
+        if splits > 1:
+            out = _split_decode(q, k_cache, v_cache, query_start_loc, seq_lens, block_tables, scale,
+                                sliding_window, softcap, splits)
+            if out is not None:
+                return out
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     config = _launch_config(num_heads // num_kv_heads, head_dim, max_query_len)
     grid = (num_seqs, num_kv_heads, triton.cdiv(max_query_len, config["BLOCK_Q"]))
     paged_attention_kernel[grid](
