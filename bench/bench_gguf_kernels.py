@@ -37,9 +37,12 @@ SWEEP = {"decode": [(1, 16, 256, 4, 1), (1, 8, 1024, 8, 1), (1, 16, 512, 4, 1), 
                    (64, 64, 128, 8, 1), (64, 64, 256, 8, 1), (64, 32, 256, 4, None)],
          "prefill": [(128, 128, 64, 8, 1)]}
 
-# token-unrolled dp4a GEMV (BN rows per program, BK columns per step, num_warps, stages), T <= 8
-TOKENS_SWEEP = [(1, 1024, 1, 2), (2, 1024, 1, 2), (1, 4096, 1, 2), (2, 2048, 2, 2), (1, 2048, 2, 2),
-                (4, 1024, 2, 2), (1, 2048, 1, 3), (2, 512, 1, 2)]
+# token-unrolled dp4a GEMV (BN rows per program, BK columns per step, num_warps, stages, K split or None for
+# automatic), T <= 8
+TOKENS_SWEEP = [(1, 1024, 1, 2, None), (2, 1024, 1, 2, None), (1, 4096, 1, 2, None), (2, 2048, 2, 2, None),
+                (1, 2048, 2, 2, None), (4, 1024, 2, 2, None), (1, 2048, 1, 3, None), (2, 512, 1, 2, None),
+                (1, 2048, 4, 2, None), (1, 1024, 4, 2, None), (1, 512, 4, 2, None), (1, 1024, 2, 2, None),
+                (1, 512, 2, 2, None), (1, 1024, 1, 2, 2), (1, 512, 1, 2, 4)]
 # int8 tensor-core kernel (BN rows per program, num_warps, split-K or None for automatic, stages); BM is
 # the token count rounded up (16-64)
 MMQ_COMPARE = [(64, 4, None, 2), (32, 4, None, 2)]
@@ -100,9 +103,9 @@ def _all_variants(name: str, rows: int, cols: int, tokens: int, sweep: bool, cop
                         else triton_ops.SMALL_BATCH_CONFIG)                      # the float kernel it replaced
         out["float_kernel"] = each(lambda data, dense: triton_ops.fused_matmul(x, data, qtype, cols, float_config))
         out["tokens_default"] = each(lambda data, dense: triton_ops.dp4a_tokens_matmul(x, data, qtype, cols))
-        for bn, bk, warps, stages in (TOKENS_SWEEP if sweep else []):
-            config = triton_ops.GemvConfig(bn=bn, bk=bk, num_warps=warps, num_stages=stages)
-            out[f"tokens{bn}x{bk}w{warps}s{stages}"] = each(
+        for bn, bk, warps, stages, split in (TOKENS_SWEEP if sweep else []):
+            config = triton_ops.GemvConfig(bn=bn, bk=bk, num_warps=warps, num_stages=stages, split=split)
+            out[f"tokens{bn}x{bk}w{warps}s{stages}k{split or 'auto'}"] = each(
                 lambda data, dense, c=config: triton_ops.dp4a_tokens_matmul(x, data, qtype, cols, c))
     if regime in ("small", "batch") and name in triton_ops.MMQ_TYPES:  # the int8 tensor-core kernel's tile shapes
         out["mmq_default"] = each(lambda data, dense: triton_ops.mmq_matmul(x, data, qtype, cols))  # mmq_config's

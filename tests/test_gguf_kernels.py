@@ -297,9 +297,10 @@ def test_tokens_gemv_within_activation_rounding(name):
     within the activation rounding bound for 1 to the most tokens gguf_matmul sends it (4 or 8), rows off the
     program size, several launches (with programmatic dependent launch on an H100: ``kernels/triton_pdl``).
     Larger token counts are not dispatched, and their 8-token Q6_K kernels alone take ~25 s to compile."""
-    from toolkit.kernels.gguf import triton_ops
+    from toolkit.kernels.gguf import gemv_launch, triton_ops
     configs = (None, triton_ops.GemvConfig(bn=2, bk=256, split=2, num_warps=2),   # one to eight steps per program
-               triton_ops.GemvConfig(bn=1, bk=256, split=1, num_warps=1))
+               triton_ops.GemvConfig(bn=1, bk=256, split=1, num_warps=1),
+               *{rule.config for rules in gemv_launch.SHAPE_RULES.values() for rule in rules})  # by weight shape
     for rows, cols in ((37, 1024), (130, 2048), (3, 256)):
         packed, qtype = cuda_case(name, rows, cols, 17)
         weight = gguf_dequantize(packed, qtype, cols, torch.float32)

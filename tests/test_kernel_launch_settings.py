@@ -68,3 +68,18 @@ def test_dot16_takes_its_types_from_17_to_64_tokens():
     assert not dot16_ops.dot16_takes(q4_0[:, :9 * 18], int(Q.Q4_0), 288, 32)   # K not whole 256-column steps
     unaligned = torch.zeros(8, 2 * 144 + 2, dtype=torch.uint8)[:, :288]   # rows 290 bytes apart: not 4-aligned
     assert not dot16_ops.dot16_takes(unaligned, int(Q.Q4_K), 512, 32)
+
+
+def test_gemv_launch_by_weight_shape_at_one_token():
+    """One token: the GEMV's launch follows the weight's shape where the sweep found a better one (two Q4_K rows
+    per program from 2048 rows up to 4096 columns, Q6_K's short weights one row per program and its 14336-column
+    ones cut in four); more tokens, or no shape, keep the per-type launch."""
+    from toolkit.kernels.gguf.gemv_launch import TOKENS_CONFIG, tokens_config
+
+    assert tokens_config("Q4_K", 1, 28672, 4096).bn == 2
+    assert tokens_config("Q4_K", 1, 1024, 4096) == TOKENS_CONFIG
+    assert tokens_config("Q4_K", 1, 4096, 14336) == TOKENS_CONFIG
+    assert tokens_config("Q6_K", 1, 2048, 8192).bn == 1
+    assert tokens_config("Q6_K", 1, 4096, 14336).split == 4
+    assert tokens_config("Q6_K", 1, 128256, 4096) == tokens_config("Q6_K", 1) == tokens_config("Q6_K", 4, 2048, 8192)
+    assert tokens_config("Q8_0", 1, 28672, 4096) == TOKENS_CONFIG

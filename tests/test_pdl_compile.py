@@ -25,6 +25,7 @@ SCRIPT = textwrap.dedent("""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
+    from toolkit.kernels.attention.triton_decode import split_decode_kernel
     from toolkit.kernels.attention.triton_kernels import paged_attention_kernel
     from toolkit.kernels.fused.triton_kernels import gated_activation_kernel, rms_norm_kernel, rotary_heads_kernel
     from toolkit.kernels.gguf.triton_dp4a import quantize_activations_kernel
@@ -33,7 +34,8 @@ SCRIPT = textwrap.dedent("""
     from toolkit.kernels.triton_reduce import sum_middle_kernel
 
     POINTERS = {"xq_ptr": "*i32", "w_ptr": "*u8", "q_ptr": "*i8", "pos_ptr": "*i64", "slot_ptr": "*i64",
-                "query_start_loc_ptr": "*i32", "seq_lens_ptr": "*i32", "block_tables_ptr": "*i32"}
+                "query_start_loc_ptr": "*i32", "seq_lens_ptr": "*i32", "block_tables_ptr": "*i32",
+                "counts_ptr": "*i32", "acc_part_ptr": "*fp32", "ml_part_ptr": "*fp32"}
     FLOATS = ("eps", "offset", "scale", "softcap")
     BF16 = {"x_ptr", "res_ptr", "out_ptr", "q_ptr_bf16"}
 
@@ -52,7 +54,7 @@ SCRIPT = textwrap.dedent("""
 
     cases = {
         "gemv_tokens_kernel": ptx(gemv_tokens_kernel, {"QTYPE": 12, "TS": 144, "BM": 1, "BN": 1, "BK": 2048,
-                                                       "DP4A": True}, 1),
+                                                       "DP4A": True, "EVICT": "evict_first"}, 1),
         "quantize_activations_kernel": ptx(quantize_activations_kernel, {"BK": 512, "SUMS": True}, 4),
         "rms_norm_kernel": ptx(rms_norm_kernel, {"HAS_RESIDUAL": True, "HAS_OFFSET": False, "BLOCK": 2048,
                                                  "QUANT": True, "SUMS": False}, 4),
@@ -69,6 +71,11 @@ SCRIPT = textwrap.dedent("""
                                                                "PAGE": 16, "USE_SOFTCAP": False,
                                                                "USE_WINDOW": False, "PRECISION": "tf32"}, 4,
                                       {"q_ptr": "*bf16", "k_cache_ptr": "*bf16", "v_cache_ptr": "*bf16"}),
+        "split_decode_kernel": ptx(split_decode_kernel, {"HEAD_DIM": 128, "BLOCK_D": 128, "GROUP": 4,
+                                                         "GROUP_PAD": 16, "ROWS": 4, "BLOCK_N": 32, "PAGE": 16,
+                                                         "SPLITS": 16, "USE_SOFTCAP": False, "USE_WINDOW": False,
+                                                         "PRECISION": "tf32"}, 4,
+                                   {"q_ptr": "*bf16", "k_cache_ptr": "*bf16", "v_cache_ptr": "*bf16"}),
         "sum_middle_kernel": ptx(sum_middle_kernel, {"S": 2, "BN": 1024}, 4),
         "mmq_kernel": ptx(mmq_kernel, {"QTYPE": 12, "TS": 144, "BM": 16, "BN": 32}, 2, {"xq_ptr": "*i8"}),
     }
@@ -83,13 +90,13 @@ def _first(lines: list[str], *needles: str) -> int:
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="Triton is not installed")
 def test_decode_kernels_wait_before_they_write_and_the_gemv_loads_weights_first():
     cases = compile_in_fresh_process(SCRIPT)
-    assert len(cases) == 8
+    assert len(cases) == 9
     for name, ptx in cases.items():
         lines = ptx.splitlines()
         wait, launch = _first(lines, "griddepcontrol.wait"), _first(lines, "griddepcontrol.launch_dependents")
-        store = _first(lines, "st.global")
+        store = _first(lines, "st.global", "atom.global")
         assert wait < len(lines), f"{name}: no griddepcontrol.wait"
-        assert wait < store < len(lines), f"{name}: a global store before the wait"
+        assert wait < store < len(lines), f"{name}: a global store or atomic before the wait"
         if name in ("gemv_tokens_kernel", "mmq_kernel"):
             assert launch == len(lines), f"{name}: a matmul lets the next kernel launch early"
         else:

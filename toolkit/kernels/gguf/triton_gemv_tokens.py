@@ -20,9 +20,9 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .triton_dp4a import LOW2, LOW4, ONES, Q4_0, Q4_K, Q5_K, Q6_K, Q8_0, _spread_bits, _u32_from_u16, dp4a
+from .triton_dp4a import LOW2, LOW4, ONES, Q4_0, Q4_K, Q5_K, Q6_K, Q8_0, _spread_bits, dp4a
 from ..triton_pdl import wait_for_previous
-from .triton_words import _k_scale_min, _u16, _u32, half_bits
+from .triton_words import _k_scale_min, half_bits
 
 HIGH: tl.constexpr = tl.constexpr(0x80808080)
 MAX_TOKENS = 8        # accumulators the kernel unrolls
@@ -70,21 +70,41 @@ def _dot_sum(w, x, DP4A: tl.constexpr):
     return tl.sum(dp4a(w, x, tl.zeros(w.shape, tl.int32), DP4A), axis=len(w.shape) - 1, keep_dims=True)
 
 
+# ---- weight loads with an L1 eviction policy (EVICT, a constexpr string; "" is the default policy)
+
+@triton.jit
+def _weight_u16(ptr, index, EVICT: tl.constexpr):
+    """``triton_words._u16`` with the eviction policy ``EVICT``."""
+    return tl.load(ptr.to(tl.pointer_type(tl.uint16)) + index, eviction_policy=EVICT).to(tl.uint32)
+
+
+@triton.jit
+def _weight_u32(ptr, index, EVICT: tl.constexpr):
+    return tl.load(ptr.to(tl.pointer_type(tl.uint32)) + index, eviction_policy=EVICT)
+
+
+@triton.jit
+def _weight_u32_from_u16(ptr, index, EVICT: tl.constexpr):
+    """The uint32 at ``ptr + 4 * index`` where ``ptr`` is only 2-aligned: two uint16 loads."""
+    return _weight_u16(ptr, 2 * index, EVICT) | (_weight_u16(ptr, 2 * index + 1, EVICT) << 16)
+
+
 # ---- Q4_0 / Q5_0 / Q8_0: tensors [BN, G, words] (row, 32-block, word of the block)
 
 @triton.jit
-def _legacy_raw(w_ptr, row_off, k0, QTYPE: tl.constexpr, TS: tl.constexpr, BK: tl.constexpr):
+def _legacy_raw(w_ptr, row_off, k0, QTYPE: tl.constexpr, TS: tl.constexpr, BK: tl.constexpr,
+                EVICT: tl.constexpr):
     """The step's packed fields as loaded: ``(d bits [BN, G, 1], quant words, Q5_0's high-bit word)``."""
     g = tl.arange(0, BK // 32)[None, :, None]
     block = w_ptr + row_off[:, None, None] + (k0 // 32 + g) * TS                           # [BN, G, 1]
-    d = _u16(block, 0)
+    d = _weight_u16(block, 0, EVICT)
     i = tl.arange(0, 4)[None, None, :]
     if QTYPE == Q8_0:
-        return d, _u32_from_u16(block + 2, tl.arange(0, 8)[None, None, :]), d
+        return d, _weight_u32_from_u16(block + 2, tl.arange(0, 8)[None, None, :], EVICT), d
     elif QTYPE == Q4_0:
-        return d, _u32_from_u16(block + 2, i), d
+        return d, _weight_u32_from_u16(block + 2, i, EVICT), d
     else:
-        return d, _u32_from_u16(block + 6, i), _u32_from_u16(block + 2, 0 * i)
+        return d, _weight_u32_from_u16(block + 6, i, EVICT), _weight_u32_from_u16(block + 2, 0 * i, EVICT)
 
 
 @triton.jit
@@ -123,19 +143,23 @@ def _legacy_token(d, lo, hi, xq_row, xd_row, k0, QTYPE: tl.constexpr, BK: tl.con
 # ---- Q4_K / Q5_K: tensors [BN, G, 4, 8] (row, super-block, 64-column group, word)
 
 @triton.jit
-def _q45k_raw(w_ptr, row_off, k0, QTYPE: tl.constexpr, TS: tl.constexpr, BK: tl.constexpr):
+def _q45k_raw(w_ptr, row_off, k0, QTYPE: tl.constexpr, TS: tl.constexpr, BK: tl.constexpr,
+              EVICT: tl.constexpr):
     """The step's packed words as loaded: header ``(d, dmin)`` and the 3 scale words ``[BN, G, 1, 1]``, the
     quant words ``[BN, G, 4, 8]``, and Q5_K's high-bit words ``[BN, G, 1, 8]`` (Q4_K: the quants again)."""
     s = tl.arange(0, BK // 256)[None, :, None, None]
     j = tl.arange(0, 4)[None, None, :, None]
     i = tl.arange(0, 8)[None, None, None, :]
     sb = w_ptr + row_off[:, None, None, None] + (k0 // 256 + s) * TS                        # [BN, G, 1, 1]
-    header, words0, words1, words2 = _u32(sb, 0), _u32(sb + 4, 0), _u32(sb + 4, 1), _u32(sb + 4, 2)
+    header = _weight_u32(sb, 0, EVICT)
+    words0, words1 = _weight_u32(sb + 4, 0, EVICT), _weight_u32(sb + 4, 1, EVICT)
+    words2 = _weight_u32(sb + 4, 2, EVICT)
     if QTYPE == Q4_K:
-        w = _u32(sb + 16, 8 * j + i)
+        w = _weight_u32(sb + 16, 8 * j + i, EVICT)
         return header, words0, words1, words2, w, w
     else:
-        return header, words0, words1, words2, _u32(sb + 48, 8 * j + i), _u32(sb + 16, i)
+        quants, high = _weight_u32(sb + 48, 8 * j + i, EVICT), _weight_u32(sb + 16, i, EVICT)
+        return header, words0, words1, words2, quants, high
 
 
 @triton.jit
@@ -172,7 +196,7 @@ def _q45k_token(scale_lo, min_lo, scale_hi, min_hi, lo, hi, xq_row, xd_row, xs_r
 # ---- Q6_K: tensors [BN, G, 2, 2, 4] (row, super-block, 128-column half, 16-column run, word)
 
 @triton.jit
-def _q6k_raw(w_ptr, row_off, k0, TS: tl.constexpr, BK: tl.constexpr):
+def _q6k_raw(w_ptr, row_off, k0, TS: tl.constexpr, BK: tl.constexpr, EVICT: tl.constexpr):
     """The step's packed fields as loaded: ql words of the 4 runs' low nibbles (two sets), qh words
     ``[BN, G, 2, 2, 4]``, d's bits ``[BN, G, 1, 1, 1]`` and the runs' int8 scales ``[BN, G, 2, 2, 1]``."""
     s = tl.arange(0, BK // 256)[None, :, None, None, None]
@@ -181,8 +205,10 @@ def _q6k_raw(w_ptr, row_off, k0, TS: tl.constexpr, BK: tl.constexpr):
     i = 4 * sub + tl.arange(0, 4)[None, None, None, None, :]
     sb = w_ptr + row_off[:, None, None, None, None] + (k0 // 256 + s) * TS
     scales = (sb + 192 + 8 * n + sub).to(tl.pointer_type(tl.int8))       # run r's scale: scales[2r]
-    return (_u32_from_u16(sb + 64 * n, i), _u32_from_u16(sb + 64 * n, 8 + i), _u32_from_u16(sb + 128 + 32 * n, i),
-            _u16(sb + 208, 0), tl.load(scales), tl.load(scales + 2), tl.load(scales + 4), tl.load(scales + 6))
+    return (_weight_u32_from_u16(sb + 64 * n, i, EVICT), _weight_u32_from_u16(sb + 64 * n, 8 + i, EVICT),
+            _weight_u32_from_u16(sb + 128 + 32 * n, i, EVICT), _weight_u16(sb + 208, 0, EVICT),
+            tl.load(scales, eviction_policy=EVICT), tl.load(scales + 2, eviction_policy=EVICT),
+            tl.load(scales + 4, eviction_policy=EVICT), tl.load(scales + 6, eviction_policy=EVICT))
 
 
 @triton.jit
@@ -221,15 +247,16 @@ def _q6k_token(v0, v1, v2, v3, sc0, sc1, sc2, sc3, xq_row, xd_row, k0, BK: tl.co
 # ---- the kernel
 
 @triton.jit
-def _raw(w_ptr, row_off, k0, QTYPE: tl.constexpr, TS: tl.constexpr, BK: tl.constexpr):
+def _raw(w_ptr, row_off, k0, QTYPE: tl.constexpr, TS: tl.constexpr, BK: tl.constexpr, EVICT: tl.constexpr):
     """The step's packed weights as loaded (the type's ``*_raw`` tuple), apart from their unpacking
-    (``_weights``): the first step's are loaded before the kernel waits for its activations."""
+    (``_weights``): the first step's are loaded before the kernel waits for its activations. ``EVICT``: the
+    loads' L1 eviction policy ("" for the default)."""
     if QTYPE == Q4_K or QTYPE == Q5_K:
-        return _q45k_raw(w_ptr, row_off, k0, QTYPE, TS, BK)
+        return _q45k_raw(w_ptr, row_off, k0, QTYPE, TS, BK, EVICT)
     elif QTYPE == Q6_K:
-        return _q6k_raw(w_ptr, row_off, k0, TS, BK)
+        return _q6k_raw(w_ptr, row_off, k0, TS, BK, EVICT)
     else:
-        return _legacy_raw(w_ptr, row_off, k0, QTYPE, TS, BK)
+        return _legacy_raw(w_ptr, row_off, k0, QTYPE, TS, BK, EVICT)
 
 
 @triton.jit
@@ -303,10 +330,11 @@ def _step(w, accs, xq_ptr, xd_ptr, xs_ptr, T, K, k0, QTYPE: tl.constexpr, BM: tl
 @triton.jit
 def gemv_tokens_kernel(xq_ptr, xd_ptr, xs_ptr, w_ptr, out_ptr, T, N, K, K_SPLIT, row_bytes,
                        QTYPE: tl.constexpr, TS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-                       BK: tl.constexpr, DP4A: tl.constexpr, PDL: tl.constexpr = False):
+                       BK: tl.constexpr, DP4A: tl.constexpr, EVICT: tl.constexpr = "", PDL: tl.constexpr = False):
     """``out[pid_k, t, n] = sum over columns pid_k * K_SPLIT .. of W[n] . x_hat[t]`` for every token
     ``t < T <= BM <= 8``, ``BN`` rows per program. ``xq [T, K / 4]`` int32 words, ``xd [T, K / 32]``
-    float32 scales, ``xs [T, K / 32]`` their ``d * sum(q)`` (read for Q4_K/Q5_K only). ``PDL``: the
+    float32 scales, ``xs [T, K / 32]`` their ``d * sum(q)`` (read for Q4_K/Q5_K only). ``EVICT``: the weight
+    loads' L1 eviction policy (``gemv_launch.WEIGHT_EVICTION``; "" the default). ``PDL``: the
     first step's weights are loaded before waiting for the kernel that wrote the activations
     (``triton_pdl``); their load overlaps its end.
 
@@ -318,14 +346,14 @@ def gemv_tokens_kernel(xq_ptr, xd_ptr, xs_ptr, w_ptr, out_ptr, T, N, K, K_SPLIT,
     row_off = tl.minimum(offs_n, N - 1).to(tl.int64) * row_bytes
     zeros = _zeros(BN, QTYPE, BK)
     k_start = pid_k * K_SPLIT
-    first = _raw(w_ptr, row_off, k_start, QTYPE, TS, BK)      # weights: no kernel of the step writes them
+    raw = _raw(w_ptr, row_off, k_start, QTYPE, TS, BK, EVICT)      # weights: no kernel of the step writes them
     wait_for_previous(PDL, LAUNCH_NEXT=False)
-    accs = _step(_weights(first, QTYPE), (zeros, zeros, zeros, zeros, zeros, zeros, zeros, zeros),
-                 xq_ptr, xd_ptr, xs_ptr, T, K, k_start, QTYPE, BM, BK, DP4A)
+    accs = (zeros, zeros, zeros, zeros, zeros, zeros, zeros, zeros)
+    accs = _step(_weights(raw, QTYPE), accs, xq_ptr, xd_ptr, xs_ptr, T, K, k_start, QTYPE, BM, BK, DP4A)
     for k_step in range(BK, K_SPLIT, BK):
         k0 = k_start + k_step
-        accs = _step(_weights(_raw(w_ptr, row_off, k0, QTYPE, TS, BK), QTYPE), accs, xq_ptr, xd_ptr, xs_ptr, T, K,
-                     k0, QTYPE, BM, BK, DP4A)
+        accs = _step(_weights(_raw(w_ptr, row_off, k0, QTYPE, TS, BK, EVICT), QTYPE), accs, xq_ptr, xd_ptr, xs_ptr,
+                     T, K, k0, QTYPE, BM, BK, DP4A)
     acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7 = accs
     _store(out_ptr, acc0, 0, T, N, pid_k, offs_n, QTYPE)
     if BM > 1:

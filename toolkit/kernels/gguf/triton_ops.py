@@ -29,6 +29,8 @@ import triton
 
 from .bits import IQ4_NL_VALUES
 from .dot16_ops import dot16_matmul, dot16_takes
+from .gemv_launch import (DP4A_STEP, TOKENS_MAX_TOKENS, TOKENS_SUM_TYPES, WEIGHT_EVICTION,  # noqa: F401
+                          GemvConfig, tokens_config)
 from .types import block_size, type_name, type_size
 from .triton_dp4a import quantize_activations_kernel
 from .triton_gemv_tokens import gemv_tokens_kernel
@@ -70,49 +72,6 @@ class MatmulConfig:
 DECODE_CONFIG = MatmulConfig(bm=1, bn=8, bk=512)
 DECODE_CONFIG_BY_TYPE = {"Q6_K": MatmulConfig(bm=1, bn=8, bk=512, num_warps=8)}
 SMALL_BATCH_CONFIG = MatmulConfig(bm=16, bn=64, bk=128)
-
-
-@dataclass(frozen=True)
-class GemvConfig:
-    """A dp4a GEMV launch: ``BN`` rows per program, ``BK`` columns per step, ``split`` K (None:
-    automatic)."""
-    bn: int
-    bk: int
-    num_warps: int = 4
-    split: int | None = None
-    num_stages: int = 2
-
-
-# The dp4a GEMV's types, and the columns its step must cover (one block / super-block at least).
-DP4A_STEP = {"Q4_0": 32, "Q5_0": 32, "Q8_0": 32, "Q4_K": 256, "Q5_K": 256, "Q6_K": 256}
-# The token-unrolled dp4a GEMV (triton_gemv_tokens): the tokens gguf_matmul sends to it per type, and
-# its launch per (type, tokens). From bench/bench_gguf_kernels.py --tokens 1,2,4,8 --sweep --variants
-# 'tokens|dp4a|mmq_default|float_kernel' (CUDA-graph timing, H100, 14336x4096 and 4096x14336, session 5),
-# microseconds per weight, this kernel / the int8 tensor-core kernel (mmq) that served 2-16 tokens:
-#   Q4_0 T=2 20.0-20.3 / 52-54, T=4 27.7 / 52-55, T=8 33.9-39.3 / 54-56 (BN=2, BK=1024 at T > 4);
-#   Q4_K T=2 24.6-24.8 / 44-46, T=4 33.7-35.8 / 46-47, T=8 57-59 / 50 (mmq keeps T > 4);
-#   Q8_0 T=2 28.8-30.5 / 51, T=4 35.7-36.1 / 51-52, T=8 47-57 / 53 (mmq keeps T > 4);
-#   Q6_K T=2 40.4-41.9 / 63-67, T=4 60.7-62.5 / 64-68, T=8 93-124 / 67-70 (mmq keeps T > 4);
-#   at T=1 it equals the earlier dp4a GEMV (triton_dp4a.gemv_kernel: one warp, one row, 2048-column steps;
-#   17.0-29.9 us) and Q6_K at BN=2, BK=512 takes 31.4-33.3 against 35.0-39.0. That kernel took its tokens
-#   as a leading tensor axis and lost to the float tl.dot kernel at T=8 (95-195 against 71-112 us); the
-#   MoE route kernel still uses its step functions (gemv_step). Q5_0 and Q5_K (no mmq kernel; the float kernel's 76-105 us at T=8) take it up to
-#   8 tokens, by analogy with Q4_0/Q4_K (not yet swept on their own).
-# The types whose token-unrolled GEMV reads the activations' block sums (their minimum term).
-TOKENS_SUM_TYPES = frozenset({"Q4_K", "Q5_K"})
-TOKENS_MAX_TOKENS = {"Q4_0": 8, "Q5_0": 8, "Q8_0": 4, "Q4_K": 4, "Q5_K": 8, "Q6_K": 4}
-TOKENS_CONFIG = GemvConfig(bn=1, bk=2048, num_warps=1)
-_WIDE = GemvConfig(bn=2, bk=1024, num_warps=1)
-TOKENS_CONFIG_BY_TYPE = {                 # type -> ((up to T, config), ...): the first that holds T
-    "Q4_0": ((4, TOKENS_CONFIG), (8, _WIDE)), "Q5_0": ((4, TOKENS_CONFIG), (8, _WIDE)),
-    "Q4_K": ((1, TOKENS_CONFIG), (8, _WIDE)), "Q5_K": ((1, TOKENS_CONFIG), (8, _WIDE)),
-    "Q8_0": ((1, TOKENS_CONFIG), (8, GemvConfig(bn=1, bk=1024, num_warps=1))),
-    "Q6_K": ((8, GemvConfig(bn=2, bk=512, num_warps=1)),)}
-
-
-def tokens_config(name: str, tokens: int) -> GemvConfig:
-    """The token-unrolled GEMV's measured launch for ``tokens`` (1-8) of type ``name``."""
-    return next((config for most, config in TOKENS_CONFIG_BY_TYPE.get(name, ()) if tokens <= most), TOKENS_CONFIG)
 
 
 @dataclass(frozen=True)
@@ -268,7 +227,7 @@ def dp4a_tokens_matmul(x: torch.Tensor, data: torch.Tensor, qtype: int, cols: in
     ignored (the kernel unrolls T rounded up to a power of two)."""
     name = type_name(qtype)
     tokens, rows, step = x.shape[0], data.shape[0], DP4A_STEP[name]
-    config = config or tokens_config(name, tokens)
+    config = config or tokens_config(name, tokens, rows, cols)
     blocks = activation_blocks(x, sums=name in TOKENS_SUM_TYPES)
     words, scales, sums = blocks.words, blocks.scales, blocks.sums if name in TOKENS_SUM_TYPES else None
     grid_n = triton.cdiv(rows, config.bn)
@@ -280,8 +239,8 @@ def dp4a_tokens_matmul(x: torch.Tensor, data: torch.Tensor, qtype: int, cols: in
     gemv_tokens_kernel[(grid_n, split)](
         words, scales, scales if sums is None else sums, data, out, tokens, rows, cols, cols // split,
         data.stride(0), QTYPE=int(qtype), TS=type_size(qtype), BM=triton.next_power_of_2(tokens), BN=config.bn,
-        BK=bk, DP4A=_HARDWARE_DP4A, num_warps=config.num_warps, num_stages=config.num_stages,
-        **launch_options(x.device))
+        BK=bk, DP4A=_HARDWARE_DP4A, EVICT=WEIGHT_EVICTION.get(name, ""), num_warps=config.num_warps,
+        num_stages=config.num_stages, **launch_options(x.device))
     return finish_splits(out, x.dtype)
 
 
