@@ -46,7 +46,8 @@ SCRIPT = textwrap.dedent("""
             results.append(compile_one(triton_moe.gguf_moe_mmq_kernel, {
                 "K": 768 if per_route else 2048, "TOP_K": 8, "PER_ROUTE_X": per_route, "MUL_WEIGHT": per_route,
                 "QTYPE": qtype, "TS": type_size(qtype), "BM": bm, "BN": bn}, warps, stages))
-    results.append(compile_one(triton_mmq.mmq_kernel, {"QTYPE": 13, "TS": type_size(13), "BM": 16, "BN": 32}, 2, 3))
+    results.append(compile_one(triton_mmq.mmq_kernel, {"QTYPE": 13, "TS": type_size(13), "BM": 16, "BN": 32,
+                                                       "EVICT": "evict_first"}, 2, 3))
     print(json.dumps(results))
 """)
 

@@ -83,3 +83,15 @@ def test_gemv_launch_by_weight_shape_at_one_token():
     assert tokens_config("Q6_K", 1, 4096, 14336).split == 4
     assert tokens_config("Q6_K", 1, 128256, 4096) == tokens_config("Q6_K", 1) == tokens_config("Q6_K", 4, 2048, 8192)
     assert tokens_config("Q8_0", 1, 28672, 4096) == TOKENS_CONFIG
+
+
+def test_weight_eviction_by_kernel_and_switch(monkeypatch):
+    """Evict-first weight loads where they were measured faster (the GEMV's Q4_K/Q6_K, the int8 kernel's Q6_K),
+    the default policy elsewhere and for every type with ``TOOLKIT_GGUF_EVICT=0``."""
+    from toolkit.kernels.gguf.gemv_launch import MMQ_EVICTION, WEIGHT_EVICTION, eviction
+
+    monkeypatch.delenv("TOOLKIT_GGUF_EVICT", raising=False)
+    assert eviction(WEIGHT_EVICTION, "Q4_K") == "evict_first" and eviction(WEIGHT_EVICTION, "Q4_0") == ""
+    assert eviction(MMQ_EVICTION, "Q6_K") == "evict_first" and eviction(MMQ_EVICTION, "Q4_K") == ""
+    monkeypatch.setenv("TOOLKIT_GGUF_EVICT", "0")
+    assert eviction(WEIGHT_EVICTION, "Q4_K") == "" and eviction(MMQ_EVICTION, "Q6_K") == ""

@@ -3,6 +3,7 @@ its launch per (type, tokens, weight shape), all measured (``bench/bench_gguf_ke
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 
@@ -93,9 +94,23 @@ def tokens_config(name: str, tokens: int, rows: int = 0, cols: int = 0) -> GemvC
 
 # The L1 eviction policy of the GEMV's weight loads per type (default otherwise). Each weight byte is read once,
 # while every program reads the same activations: weights marked to leave L1 first keep the activations there.
-# Session 12 (``bench/bench_gguf_kernels.py --tokens 1``, H100, us at 28672x4096 / 4096x14336 / 4096x4096 /
-# 2048x8192 / 16384x2048, evict_first against the default in the same call): Q4_K 31.1 / 18.2 / 7.5 / 7.7 / 11.9
-# against 33.3 / 19.8 / 7.9 / 8.0 / 12.8; Q6_K 54.4 / 30.2 / 10.7 / 12.4 / 19.4 against 55.9 / 31.4 / 11.2 / 12.4 /
-# 19.7. Q4_0 (29.3 / 18.3 against 28.1 / 17.6 at the first two) and Q8_0 (31.3 against 29.7 at 4096x14336) lost.
+# Session 12 (``bench/bench_gguf_kernels.py --tokens 1``, H100, both policies in one call), us at 28672x4096 /
+# 4096x14336 / 4096x4096 / 2048x8192 / 16384x2048: Q4_K 31.1 / 18.2 / 7.5 / 7.7 / 11.9 against 33.3 / 19.8 / 7.9 /
+# 8.0 / 12.8 by default; Q6_K 54.4 / 30.2 / 10.7 / 12.4 / 19.4 against 55.9 / 31.4 / 11.2 / 12.4 / 19.7. Q4_0
+# (29.3 / 18.3 against 28.1 / 17.6 at the first two) and Q8_0 (31.3 against 29.7 at 4096x14336) lost. In the engine
+# (``TOOLKIT_GGUF_EVICT=0`` against the default, with the int8 kernel's below): batch-1 decode 918-922 -> 989-991
+# tok/s (1.5B Q4_K_M), 336-337 -> 347 (8B Q4_K_M); batch 8 +1.3% for both.
 WEIGHT_EVICTION = {"Q4_K": "evict_first", "Q6_K": "evict_first"}
+# The same for the int8 tensor-core kernel's (``triton_mmq``, 2-16 tokens) quant loads. Session 12, same bench
+# and call, us at T=8 / 16: Q6_K 28672x4096 126-128 / 146-148 against 136-138 / 162, 4096x14336 66-67 / 76-78
+# against 69-70 / 80-81, 2048x8192 22-23 / 26 against 24 / 27; Q4_K within 1% either way (not marked). In the
+# 16-bit kernel (``triton_dot16``, 17-64 tokens) the policy lost for Q6_K (4096x14336 T=64: 106-108 against
+# 100-101 us) and did nothing for Q4_K, so that kernel keeps the default.
+MMQ_EVICTION = {"Q6_K": "evict_first"}
+
+
+def eviction(table: dict[str, str], name: str) -> str:
+    """The weight loads' eviction policy of type ``name`` in ``table``; "" (the default policy) for every type
+    with ``TOOLKIT_GGUF_EVICT=0`` (read at every call, for A/B timing)."""
+    return table.get(name, "") if os.environ.get("TOOLKIT_GGUF_EVICT", "1") != "0" else ""
 

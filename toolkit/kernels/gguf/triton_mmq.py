@@ -153,13 +153,14 @@ def six_bits(ql, qh, quarter: tl.constexpr, ASM: tl.constexpr):
 
 @triton.jit
 def mmq_tile(x_rows, xd_rows, xs_rows, x_ok, row, part, part_cols, QTYPE: tl.constexpr, TS: tl.constexpr,
-             BM: tl.constexpr, BN: tl.constexpr):
+             BM: tl.constexpr, BN: tl.constexpr, EVICT: tl.constexpr):
     """float32 ``[BM, BN] = x_hat @ W.T`` over columns ``part * part_cols ..`` (``part_cols`` whole blocks).
 
     ``x_rows [BM, 32]``: pointers to columns 0..31 of each activation row's int8 quants (for Q4_0
     each block permuted: position 2i + h holds column i + 16h); ``xd_rows [BM]``, ``xs_rows [BM]``:
     pointers to each row's first float32 block scale and ``d * sum(q)`` (read for Q4_K/Q5_K only);
-    ``x_ok [BM]``: the real rows (the others read as 0); ``row [BN]``: each weight row's packed bytes."""
+    ``x_ok [BM]``: the real rows (the others read as 0); ``row [BN]``: each weight row's packed bytes;
+    ``EVICT``: the L1 eviction policy of the K-quant weight loads ("" for the default)."""
     c = tl.arange(0, 32)
     acc = tl.zeros((BM, BN), dtype=tl.float32)
     if QTYPE == Q4_0 or QTYPE == Q8_0:
@@ -200,7 +201,7 @@ def mmq_tile(x_rows, xd_rows, xs_rows, x_ok, row, part, part_cols, QTYPE: tl.con
                     qs = block + 16
                 for s in tl.static_range(8):
                     if s % 2 == 0:  # one load of 32 bytes serves 32-blocks s (low nibbles) and s + 1 (high)
-                        byte = tl.load(qs[:, None] + 32 * (s // 2) + c[None, :])
+                        byte = tl.load(qs[:, None] + 32 * (s // 2) + c[None, :], eviction_policy=EVICT)
                     if QTYPE == Q5_K:
                         w = nibbles_with_bit(byte, qh, 4 * (s % 2), s, ASM)
                     else:
@@ -224,9 +225,9 @@ def mmq_tile(x_rows, xd_rows, xs_rows, x_ok, row, part, part_cols, QTYPE: tl.con
                 low = c < 16
                 for s in tl.static_range(8):
                     if s % 4 == 0:  # quarters 0 and 2 share ql bytes 0..31 of the half, 1 and 3 bytes 32..63
-                        ql_even = tl.load(block[:, None] + 64 * (s // 4) + c[None, :])
-                        ql_odd = tl.load(block[:, None] + 64 * (s // 4) + 32 + c[None, :])
-                        qh = tl.load(block[:, None] + 128 + 32 * (s // 4) + c[None, :])
+                        ql_even = tl.load(block[:, None] + 64 * (s // 4) + c[None, :], eviction_policy=EVICT)
+                        ql_odd = tl.load(block[:, None] + 64 * (s // 4) + 32 + c[None, :], eviction_policy=EVICT)
+                        qh = tl.load(block[:, None] + 128 + 32 * (s // 4) + c[None, :], eviction_policy=EVICT)
                     if s % 2 == 0:
                         w = six_bits(ql_even, qh, s % 4, ASM)
                     else:
@@ -250,7 +251,7 @@ def mmq_tile(x_rows, xd_rows, xs_rows, x_ok, row, part, part_cols, QTYPE: tl.con
 @triton.jit
 def mmq_kernel(xq_ptr, xd_ptr, xs_ptr, w_ptr, out_ptr, tokens, rows, cols, split_cols, stride_w, stride_out,
                stride_split, QTYPE: tl.constexpr, TS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-               PDL: tl.constexpr = False):
+               EVICT: tl.constexpr = "", PDL: tl.constexpr = False):
     """Program (row tile, token tile, K split): ``out[split, BM, BN] = x_hat @ W.T`` over its
     ``split_cols`` columns (whole blocks of the type). ``PDL``: ``kernels/triton_pdl``.
 
@@ -266,6 +267,7 @@ def mmq_kernel(xq_ptr, xd_ptr, xs_ptr, w_ptr, out_ptr, tokens, rows, cols, split
     row = w_ptr + n.to(tl.int64) * stride_w          # [BN]
     x_rows = xq_ptr + m.to(tl.int64)[:, None] * cols + tl.arange(0, 32)[None, :]     # [BM, 32]
     blocks = cols // 32
-    acc = mmq_tile(x_rows, xd_ptr + m * blocks, xs_ptr + m * blocks, m_ok, row, pid_k, split_cols, QTYPE, TS, BM, BN)
+    acc = mmq_tile(x_rows, xd_ptr + m * blocks, xs_ptr + m * blocks, m_ok, row, pid_k, split_cols, QTYPE, TS, BM, BN,
+                   EVICT)
     out = out_ptr + pid_k * stride_split + m.to(tl.int64)[:, None] * stride_out + n[None, :]
     tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])

@@ -29,8 +29,8 @@ import triton
 
 from .bits import IQ4_NL_VALUES
 from .dot16_ops import dot16_matmul, dot16_takes
-from .gemv_launch import (DP4A_STEP, TOKENS_MAX_TOKENS, TOKENS_SUM_TYPES, WEIGHT_EVICTION,  # noqa: F401
-                          GemvConfig, tokens_config)
+from .gemv_launch import (DP4A_STEP, MMQ_EVICTION, TOKENS_MAX_TOKENS, TOKENS_SUM_TYPES,  # noqa: F401
+                          WEIGHT_EVICTION, GemvConfig, eviction, tokens_config)
 from .types import block_size, type_name, type_size
 from .triton_dp4a import quantize_activations_kernel
 from .triton_gemv_tokens import gemv_tokens_kernel
@@ -239,7 +239,7 @@ def dp4a_tokens_matmul(x: torch.Tensor, data: torch.Tensor, qtype: int, cols: in
     gemv_tokens_kernel[(grid_n, split)](
         words, scales, scales if sums is None else sums, data, out, tokens, rows, cols, cols // split,
         data.stride(0), QTYPE=int(qtype), TS=type_size(qtype), BM=triton.next_power_of_2(tokens), BN=config.bn,
-        BK=bk, DP4A=_HARDWARE_DP4A, EVICT=WEIGHT_EVICTION.get(name, ""), num_warps=config.num_warps,
+        BK=bk, DP4A=_HARDWARE_DP4A, EVICT=eviction(WEIGHT_EVICTION, name), num_warps=config.num_warps,
         num_stages=config.num_stages, **launch_options(x.device))
     return finish_splits(out, x.dtype)
 
@@ -273,7 +273,8 @@ def mmq_matmul(x: torch.Tensor, data: torch.Tensor, qtype: int, cols: int, bm: i
     out = split_output(split, tokens, rows, x)
     mmq_kernel[(*grid_nm, split)](
         quants, scales, sums, data, out, tokens, rows, cols, cols // split, data.stride(0), out.stride(1),
-        out.stride(0), QTYPE=int(qtype), TS=type_size(qtype), BM=bm, BN=bn, num_warps=num_warps,
+        out.stride(0), QTYPE=int(qtype), TS=type_size(qtype), BM=bm, BN=bn, EVICT=eviction(MMQ_EVICTION, name),
+        num_warps=num_warps,
         num_stages=num_stages, **launch_options(x.device))
     return finish_splits(out, x.dtype)
 
