@@ -22,6 +22,7 @@ import triton
 import triton.language as tl
 
 from ..triton_pdl import wait_for_previous
+from .triton_kernels import kv_tile, page_slots
 
 
 @triton.jit
@@ -89,14 +90,11 @@ def split_decode_kernel(
     for n_start in range(lo, hi, BLOCK_N):
         n = n_start + tl.arange(0, BLOCK_N)
         n_valid = n < hi
-        block_ids = tl.load(block_tables_ptr + seq * stride_bt + n // PAGE, mask=n_valid, other=0).to(tl.int64)
-        offsets = n % PAGE
+        block_ids, offsets = page_slots(block_tables_ptr + seq * stride_bt, n, n_valid, PAGE)
         kv_mask = n_valid[:, None] & d_valid[None, :]
-        k = tl.load(k_cache_ptr + block_ids[:, None] * stride_kb + offsets[:, None] * stride_ks
-                    + kv_head * stride_kh + d[None, :], mask=kv_mask, other=0.0)
+        k = kv_tile(k_cache_ptr, block_ids, offsets, kv_head, d, stride_kb, stride_ks, stride_kh, kv_mask)
         # V issued with K: both wait only on the block table, so one memory round trip serves both
-        v = tl.load(v_cache_ptr + block_ids[:, None] * stride_vb + offsets[:, None] * stride_vs
-                    + kv_head * stride_vh + d[None, :], mask=kv_mask, other=0.0)
+        v = kv_tile(v_cache_ptr, block_ids, offsets, kv_head, d, stride_vb, stride_vs, stride_vh, kv_mask)
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale
         if USE_SOFTCAP:
             s = softcap * (2.0 * tl.sigmoid(2.0 * s / softcap) - 1.0)  # softcap * tanh(s / softcap)

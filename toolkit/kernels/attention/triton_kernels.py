@@ -11,6 +11,20 @@ import triton.language as tl
 from ..triton_pdl import wait_for_previous
 
 
+@triton.jit
+def page_slots(block_table, n, n_valid, PAGE: tl.constexpr):
+    """Where context positions ``n`` live in a paged cache: ``(block ids [N] int64, offsets in the block)``, from
+    the sequence's row of the block table (positions outside ``n_valid`` read block 0)."""
+    return tl.load(block_table + n // PAGE, mask=n_valid, other=0).to(tl.int64), n % PAGE
+
+
+@triton.jit
+def kv_tile(cache_ptr, block_ids, offsets, kv_head, d, stride_b, stride_s, stride_h, mask):
+    """One kv head's ``[N, D]`` tile of a paged K or V cache at ``page_slots``' places (0 outside ``mask``)."""
+    return tl.load(cache_ptr + block_ids[:, None] * stride_b + offsets[:, None] * stride_s + kv_head * stride_h
+                   + d[None, :], mask=mask, other=0.0)
+
+
 @triton.jit(do_not_specialize=["stride_bt", "sliding_window"])  # block-table width changes every few steps
 def paged_attention_kernel(
         out_ptr, q_ptr, k_cache_ptr, v_cache_ptr, query_start_loc_ptr, seq_lens_ptr, block_tables_ptr,
@@ -55,11 +69,9 @@ def paged_attention_kernel(
     for n_start in range(start, end, BLOCK_N):
         n = n_start + tl.arange(0, BLOCK_N)
         n_valid = n < end
-        block_ids = tl.load(block_tables_ptr + seq * stride_bt + n // PAGE, mask=n_valid, other=0).to(tl.int64)
-        offsets = n % PAGE
+        block_ids, offsets = page_slots(block_tables_ptr + seq * stride_bt, n, n_valid, PAGE)
         kv_mask = n_valid[:, None] & d_valid[None, :]
-        k = tl.load(k_cache_ptr + block_ids[:, None] * stride_kb + offsets[:, None] * stride_ks
-                    + kv_head * stride_kh + d[None, :], mask=kv_mask, other=0.0)
+        k = kv_tile(k_cache_ptr, block_ids, offsets, kv_head, d, stride_kb, stride_ks, stride_kh, kv_mask)
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale
         if USE_SOFTCAP:
             s = softcap * (2.0 * tl.sigmoid(2.0 * s / softcap) - 1.0)  # softcap * tanh(s / softcap)
@@ -72,8 +84,7 @@ def paged_attention_kernel(
         p = tl.exp(s - m_safe[:, None])
         alpha = tl.exp(m_i - m_safe)
         l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(v_cache_ptr + block_ids[:, None] * stride_vb + offsets[:, None] * stride_vs
-                    + kv_head * stride_vh + d[None, :], mask=kv_mask, other=0.0)
+        v = kv_tile(v_cache_ptr, block_ids, offsets, kv_head, d, stride_vb, stride_vs, stride_vh, kv_mask)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
         m_i = m_new
     acc = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]

@@ -29,7 +29,7 @@ import triton.language as tl
 
 from ..triton_int8 import round_int8_blocks
 from ..triton_pdl import wait_for_previous
-from .triton_words import _k_scale_min, _u16, _u32, half_bits
+from .triton_words import _k_scale_min, _u16, _u32, half_bits, load_u16
 
 Q4_0, Q5_0, Q8_0 = (tl.constexpr(v) for v in (2, 6, 8))
 Q4_K, Q5_K, Q6_K = (tl.constexpr(v) for v in (12, 13, 14))
@@ -69,9 +69,15 @@ def _byte_sum(x, DP4A: tl.constexpr):
 
 
 @triton.jit
+def load_u32_from_u16(ptr, index, EVICT: tl.constexpr):
+    """The uint32 at ``ptr + 4 * index`` where ``ptr`` is only 2-aligned: two uint16 loads (``EVICT``: their
+    eviction policy, as ``triton_words.load_u16``)."""
+    return load_u16(ptr, 2 * index, EVICT) | (load_u16(ptr, 2 * index + 1, EVICT) << 16)
+
+
+@triton.jit
 def _u32_from_u16(ptr, index):
-    """The uint32 at ``ptr + 4 * index`` where ``ptr`` is only 2-aligned: two uint16 loads."""
-    return _u16(ptr, 2 * index) | (_u16(ptr, 2 * index + 1) << 16)
+    return load_u32_from_u16(ptr, index, "")
 
 
 @triton.jit

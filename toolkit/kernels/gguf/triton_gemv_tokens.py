@@ -20,9 +20,9 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .triton_dp4a import LOW2, LOW4, ONES, Q4_0, Q4_K, Q5_K, Q6_K, Q8_0, _spread_bits, dp4a
+from .triton_dp4a import LOW2, LOW4, ONES, Q4_0, Q4_K, Q5_K, Q6_K, Q8_0, _spread_bits, dp4a, load_u32_from_u16
 from ..triton_pdl import wait_for_previous
-from .triton_words import _k_scale_min, half_bits
+from .triton_words import _k_scale_min, half_bits, load_u16, load_u32
 
 HIGH: tl.constexpr = tl.constexpr(0x80808080)
 MAX_TOKENS = 8        # accumulators the kernel unrolls
@@ -70,25 +70,6 @@ def _dot_sum(w, x, DP4A: tl.constexpr):
     return tl.sum(dp4a(w, x, tl.zeros(w.shape, tl.int32), DP4A), axis=len(w.shape) - 1, keep_dims=True)
 
 
-# ---- weight loads with an L1 eviction policy (EVICT, a constexpr string; "" is the default policy)
-
-@triton.jit
-def _weight_u16(ptr, index, EVICT: tl.constexpr):
-    """``triton_words._u16`` with the eviction policy ``EVICT``."""
-    return tl.load(ptr.to(tl.pointer_type(tl.uint16)) + index, eviction_policy=EVICT).to(tl.uint32)
-
-
-@triton.jit
-def _weight_u32(ptr, index, EVICT: tl.constexpr):
-    return tl.load(ptr.to(tl.pointer_type(tl.uint32)) + index, eviction_policy=EVICT)
-
-
-@triton.jit
-def _weight_u32_from_u16(ptr, index, EVICT: tl.constexpr):
-    """The uint32 at ``ptr + 4 * index`` where ``ptr`` is only 2-aligned: two uint16 loads."""
-    return _weight_u16(ptr, 2 * index, EVICT) | (_weight_u16(ptr, 2 * index + 1, EVICT) << 16)
-
-
 # ---- Q4_0 / Q5_0 / Q8_0: tensors [BN, G, words] (row, 32-block, word of the block)
 
 @triton.jit
@@ -97,14 +78,14 @@ def _legacy_raw(w_ptr, row_off, k0, QTYPE: tl.constexpr, TS: tl.constexpr, BK: t
     """The step's packed fields as loaded: ``(d bits [BN, G, 1], quant words, Q5_0's high-bit word)``."""
     g = tl.arange(0, BK // 32)[None, :, None]
     block = w_ptr + row_off[:, None, None] + (k0 // 32 + g) * TS                           # [BN, G, 1]
-    d = _weight_u16(block, 0, EVICT)
+    d = load_u16(block, 0, EVICT)
     i = tl.arange(0, 4)[None, None, :]
     if QTYPE == Q8_0:
-        return d, _weight_u32_from_u16(block + 2, tl.arange(0, 8)[None, None, :], EVICT), d
+        return d, load_u32_from_u16(block + 2, tl.arange(0, 8)[None, None, :], EVICT), d
     elif QTYPE == Q4_0:
-        return d, _weight_u32_from_u16(block + 2, i, EVICT), d
+        return d, load_u32_from_u16(block + 2, i, EVICT), d
     else:
-        return d, _weight_u32_from_u16(block + 6, i, EVICT), _weight_u32_from_u16(block + 2, 0 * i, EVICT)
+        return d, load_u32_from_u16(block + 6, i, EVICT), load_u32_from_u16(block + 2, 0 * i, EVICT)
 
 
 @triton.jit
@@ -151,14 +132,14 @@ def _q45k_raw(w_ptr, row_off, k0, QTYPE: tl.constexpr, TS: tl.constexpr, BK: tl.
     j = tl.arange(0, 4)[None, None, :, None]
     i = tl.arange(0, 8)[None, None, None, :]
     sb = w_ptr + row_off[:, None, None, None] + (k0 // 256 + s) * TS                        # [BN, G, 1, 1]
-    header = _weight_u32(sb, 0, EVICT)
-    words0, words1 = _weight_u32(sb + 4, 0, EVICT), _weight_u32(sb + 4, 1, EVICT)
-    words2 = _weight_u32(sb + 4, 2, EVICT)
+    header = load_u32(sb, 0, EVICT)
+    words0, words1 = load_u32(sb + 4, 0, EVICT), load_u32(sb + 4, 1, EVICT)
+    words2 = load_u32(sb + 4, 2, EVICT)
     if QTYPE == Q4_K:
-        w = _weight_u32(sb + 16, 8 * j + i, EVICT)
+        w = load_u32(sb + 16, 8 * j + i, EVICT)
         return header, words0, words1, words2, w, w
     else:
-        quants, high = _weight_u32(sb + 48, 8 * j + i, EVICT), _weight_u32(sb + 16, i, EVICT)
+        quants, high = load_u32(sb + 48, 8 * j + i, EVICT), load_u32(sb + 16, i, EVICT)
         return header, words0, words1, words2, quants, high
 
 
@@ -205,8 +186,8 @@ def _q6k_raw(w_ptr, row_off, k0, TS: tl.constexpr, BK: tl.constexpr, EVICT: tl.c
     i = 4 * sub + tl.arange(0, 4)[None, None, None, None, :]
     sb = w_ptr + row_off[:, None, None, None, None] + (k0 // 256 + s) * TS
     scales = (sb + 192 + 8 * n + sub).to(tl.pointer_type(tl.int8))       # run r's scale: scales[2r]
-    return (_weight_u32_from_u16(sb + 64 * n, i, EVICT), _weight_u32_from_u16(sb + 64 * n, 8 + i, EVICT),
-            _weight_u32_from_u16(sb + 128 + 32 * n, i, EVICT), _weight_u16(sb + 208, 0, EVICT),
+    return (load_u32_from_u16(sb + 64 * n, i, EVICT), load_u32_from_u16(sb + 64 * n, 8 + i, EVICT),
+            load_u32_from_u16(sb + 128 + 32 * n, i, EVICT), load_u16(sb + 208, 0, EVICT),
             tl.load(scales, eviction_policy=EVICT), tl.load(scales + 2, eviction_policy=EVICT),
             tl.load(scales + 4, eviction_policy=EVICT), tl.load(scales + 6, eviction_policy=EVICT))
 

@@ -274,8 +274,7 @@ def mmq_matmul(x: torch.Tensor, data: torch.Tensor, qtype: int, cols: int, bm: i
     mmq_kernel[(*grid_nm, split)](
         quants, scales, sums, data, out, tokens, rows, cols, cols // split, data.stride(0), out.stride(1),
         out.stride(0), QTYPE=int(qtype), TS=type_size(qtype), BM=bm, BN=bn, EVICT=eviction(MMQ_EVICTION, name),
-        num_warps=num_warps,
-        num_stages=num_stages, **launch_options(x.device))
+        num_warps=num_warps, num_stages=num_stages, **launch_options(x.device))
     return finish_splits(out, x.dtype)
 
 

@@ -34,14 +34,27 @@ def half_bits(v):
 
 
 @triton.jit
+def load_u16(ptr, index, EVICT: tl.constexpr):
+    """uint16 words at byte address ``ptr`` (2-aligned) plus ``index`` words, widened to uint32; ``EVICT``:
+    the loads' L1 eviction policy ("" the default; a constexpr argument, not a default value: Triton 3.6
+    rejects a string default on a called jit function)."""
+    return tl.load(ptr.to(tl.pointer_type(tl.uint16)) + index, eviction_policy=EVICT).to(tl.uint32)
+
+
+@triton.jit
+def load_u32(ptr, index, EVICT: tl.constexpr):
+    return tl.load(ptr.to(tl.pointer_type(tl.uint32)) + index, eviction_policy=EVICT)
+
+
+@triton.jit
 def _u16(ptr, index):
-    """uint16 words at byte address ``ptr`` (2-aligned) plus ``index`` words, widened to uint32."""
-    return tl.load(ptr.to(tl.pointer_type(tl.uint16)) + index).to(tl.uint32)
+    """``load_u16`` with the default eviction policy."""
+    return load_u16(ptr, index, "")
 
 
 @triton.jit
 def _u32(ptr, index):
-    return tl.load(ptr.to(tl.pointer_type(tl.uint32)) + index)
+    return load_u32(ptr, index, "")
 
 
 @triton.jit
