@@ -31,7 +31,7 @@ import triton
 import triton.language as tl
 
 from ..triton_pdl import wait_for_previous
-from .triton_words import Q4_0, Q4_K, Q5_K, Q8_0, _u16, _u32, half_bits
+from .triton_words import Q4_0, Q4_K, Q5_K, Q6_K, Q8_0, _u16, _u32, half_bits
 
 MMQ_TYPES = {"Q4_0": 32, "Q8_0": 32, "Q4_K": 256, "Q5_K": 256, "Q6_K": 256}   # type -> columns of one block
 MMQ_MIN_TYPES = frozenset({"Q4_K", "Q5_K"})   # types whose minimum term reads the activations' block sums
@@ -152,6 +152,37 @@ def six_bits(ql, qh, quarter: tl.constexpr, ASM: tl.constexpr):
 
 
 @triton.jit
+def _k_head(row, sb, TS: tl.constexpr, QTYPE: tl.constexpr):
+    """Super-block ``sb``'s scale fields of each row ``[BN]``, read once per super-block as words (not 16-24 byte
+    loads): Q4_K/Q5_K ``(d | dmin << 16, scale words 0-2)``, Q6_K ``(d, scale words 0-3)`` (its 210-byte blocks
+    are only 2-aligned: 16-bit loads)."""
+    block = row + sb * TS
+    if QTYPE == Q6_K:
+        return (_u16(block, 104), _scale_word(block + 192, 0), _scale_word(block + 192, 1),
+                _scale_word(block + 192, 2), _scale_word(block + 192, 3))
+    else:
+        return _u32(block, 0), _u32(block + 4, 0), _u32(block + 4, 1), _u32(block + 4, 2)
+
+
+@triton.jit
+def _token_scales(xd_rows, xs_rows, x_ok, sb, QTYPE: tl.constexpr):
+    """The tokens' block scales ``[BM]`` of super-block ``sb``'s eight 32-blocks, then (Q4_K/Q5_K) their ``d *
+    sum(q)``: a tuple of 8 or 16."""
+    b = sb * 8
+    xd = (tl.load(xd_rows + b, mask=x_ok, other=0.0), tl.load(xd_rows + b + 1, mask=x_ok, other=0.0),
+          tl.load(xd_rows + b + 2, mask=x_ok, other=0.0), tl.load(xd_rows + b + 3, mask=x_ok, other=0.0),
+          tl.load(xd_rows + b + 4, mask=x_ok, other=0.0), tl.load(xd_rows + b + 5, mask=x_ok, other=0.0),
+          tl.load(xd_rows + b + 6, mask=x_ok, other=0.0), tl.load(xd_rows + b + 7, mask=x_ok, other=0.0))
+    if QTYPE == Q6_K:
+        return xd
+    else:
+        return xd + (tl.load(xs_rows + b, mask=x_ok, other=0.0), tl.load(xs_rows + b + 1, mask=x_ok, other=0.0),
+                     tl.load(xs_rows + b + 2, mask=x_ok, other=0.0), tl.load(xs_rows + b + 3, mask=x_ok, other=0.0),
+                     tl.load(xs_rows + b + 4, mask=x_ok, other=0.0), tl.load(xs_rows + b + 5, mask=x_ok, other=0.0),
+                     tl.load(xs_rows + b + 6, mask=x_ok, other=0.0), tl.load(xs_rows + b + 7, mask=x_ok, other=0.0))
+
+
+@triton.jit
 def mmq_tile(x_rows, xd_rows, xs_rows, x_ok, row, part, part_cols, QTYPE: tl.constexpr, TS: tl.constexpr,
              BM: tl.constexpr, BN: tl.constexpr, EVICT: tl.constexpr):
     """float32 ``[BM, BN] = x_hat @ W.T`` over columns ``part * part_cols ..`` (``part_cols`` whole blocks).
@@ -187,13 +218,17 @@ def mmq_tile(x_rows, xd_rows, xs_rows, x_ok, row, part, part_cols, QTYPE: tl.con
         first = part * (part_cols // 256)
         for sb in range(first, first + part_cols // 256):
             block = row + sb * TS
+            # The super-block's scale words and its eight 32-blocks' token scales are plain loads (Triton
+            # stages only the quants and activations): all issued here, at the top, so that their latencies
+            # overlap (issued where each is used, each stalled its 32-block; loaded a super-block ahead, the
+            # registers they held cost more than the latency they hid: docs/benchmarks.md, session 13).
+            head = _k_head(row, sb, TS, QTYPE)
+            tok = _token_scales(xd_rows, xs_rows, x_ok, sb, QTYPE)
             if QTYPE == Q4_K or QTYPE == Q5_K:
                 # Q4_K: d, dmin, scales[12], qs[128]; Q5_K: the same with qh[32] before qs. 32-block s
                 # is nibble s % 2 of qs bytes 32 (s // 2) ..; Q5_K's fifth bit is bit s of qh[0..31].
-                d = half_bits(_u16(block, 0))
-                dmin = half_bits(_u16(block, 1))
-                # the 12 scale bytes as three words, read once per super-block (not 16-24 byte loads)
-                sw0, sw1, sw2 = _u32(block + 4, 0), _u32(block + 4, 1), _u32(block + 4, 2)
+                d, dmin = half_bits(head[0]), half_bits(head[0] >> 16)
+                sw0, sw1, sw2 = head[1], head[2], head[3]     # the 12 scale bytes as three words
                 if QTYPE == Q5_K:
                     qh = tl.load(block[:, None] + 16 + c[None, :])              # [BN, 32]: one load per super-block
                     qs = block + 48
@@ -210,18 +245,15 @@ def mmq_tile(x_rows, xd_rows, xs_rows, x_ok, row, part, part_cols, QTYPE: tl.con
                     x = tl.load(x_rows + b * 32, mask=x_ok[:, None], other=0)
                     isum = tl.dot(x, tl.trans(w), out_dtype=tl.int32)
                     sc, mn = _k_scale_min_words(sw0, sw1, sw2, s)
-                    xd = tl.load(xd_rows + b, mask=x_ok, other=0.0)
-                    nxs = -tl.load(xs_rows + b, mask=x_ok, other=0.0)
+                    xd = tok[s]
+                    nxs = -tok[8 + s]
                     # acc += isum * xd * (d sc) - xs * (dmin mn): a convert, a multiply and two fused
                     # multiply-adds per output (the [BM, BN] tile's work is per 32 columns)
                     acc = tl.fma(isum.to(tl.float32) * xd[:, None], (d * sc)[None, :], acc)
                     acc = tl.fma(nxs[:, None], (dmin * mn)[None, :], acc)
             else:  # Q6_K: ql[128], qh[64], scales[16] int8, d; 32-block s = quarter s % 4 of half s // 4
-                d = half_bits(_u16(block, 104))
-                # the 16 int8 scales as four words, read once per super-block (210-byte blocks are only
-                # 2-aligned: 16-bit loads)
-                sw0, sw1 = _scale_word(block + 192, 0), _scale_word(block + 192, 1)
-                sw2, sw3 = _scale_word(block + 192, 2), _scale_word(block + 192, 3)
+                d = half_bits(head[0])
+                sw0, sw1, sw2, sw3 = head[1], head[2], head[3], head[4]   # the 16 int8 scales as four words
                 low = c < 16
                 for s in tl.static_range(8):
                     if s % 4 == 0:  # quarters 0 and 2 share ql bytes 0..31 of the half, 1 and 3 bytes 32..63
@@ -243,7 +275,7 @@ def mmq_tile(x_rows, xd_rows, xs_rows, x_ok, row, part, part_cols, QTYPE: tl.con
                     sc_low = (word << (24 - 16 * (s % 2))) >> 24           # signed bytes 2 (s % 2), + 1
                     sc_high = (word << (16 - 16 * (s % 2))) >> 24
                     isum = sum_low * sc_low[None, :] + sum_high * sc_high[None, :]   # |isum| < 2**24: exact in int32
-                    xd = tl.load(xd_rows + b, mask=x_ok, other=0.0)
+                    xd = tok[s]
                     acc = tl.fma(isum.to(tl.float32) * xd[:, None], d[None, :], acc)
     return acc
 

@@ -110,11 +110,15 @@ class MmqConfig:
 #   66.1 against 56.7). So Q4_K takes it at 17-32 tokens only for weights whose 16-bit copy exceeds L2
 #   (``MMQ_LARGE_MAX_TOKENS``). Q6_K: T=8/16 within 5% of the old kernel, T=32 130-137 against dequantize +
 #   cuBLAS's 116 at 14336x4096, so it stays at 16.
+# - session 13: the kernel loads each super-block's scale words and token scales at the top of its iteration
+#   (``triton_mmq._k_head``, ``_token_scales``). Q6_K's own launch (4 warps, ~16 programs per SM) then lost to the
+#   common one at every shape: us at 14336x4096 / 4096x14336 / 2048x8192 / 16384x2048, T=8, 67.5 / 65.8 / 22.6 /
+#   42.0 against 65.5 / 61.6 / 20.1 / 36.4 (``--sweep``, one call), so it has none.
 MMQ_MIN_TOKENS = 2
 MMQ_MAX_TOKENS = {"Q4_0": 16, "Q4_K": 16, "Q6_K": 16, "Q8_0": 32}     # the types gguf_matmul sends to it, up to T
 MMQ_LARGE_MAX_TOKENS = {"Q4_K": 32}   # ... and up to T when the weight's 16-bit copy would not fit in L2
 MMQ_CONFIG = MmqConfig(bn=32, num_warps=2, num_stages=3, programs_per_sm=8)
-MMQ_CONFIG_BY_TYPE = {"Q6_K": MmqConfig(bn=32, num_warps=4, num_stages=3, programs_per_sm=16)}
+MMQ_CONFIG_BY_TYPE: dict[str, MmqConfig] = {}
 
 
 def mmq_config(name: str) -> MmqConfig:
