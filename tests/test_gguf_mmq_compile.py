@@ -46,8 +46,9 @@ SCRIPT = textwrap.dedent("""
             results.append(compile_one(triton_moe.gguf_moe_mmq_kernel, {
                 "K": 768 if per_route else 2048, "TOP_K": 8, "PER_ROUTE_X": per_route, "MUL_WEIGHT": per_route,
                 "QTYPE": qtype, "TS": type_size(qtype), "BM": bm, "BN": bn}, warps, stages))
-    results.append(compile_one(triton_mmq.mmq_kernel, {"QTYPE": 13, "TS": type_size(13), "BM": 16, "BN": 32,
-                                                       "EVICT": "evict_first"}, 2, 3))
+    for rows_first in (False, True):
+        results.append(compile_one(triton_mmq.mmq_kernel, {"QTYPE": 13, "TS": type_size(13), "BM": 16, "BN": 32,
+                                                           "EVICT": "evict_first", "ROWS_FIRST": rows_first}, 2, 3))
     print(json.dumps(results))
 """)
 
@@ -55,6 +56,6 @@ SCRIPT = textwrap.dedent("""
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="Triton is not installed")
 def test_mmq_kernels_compile_for_sm90_within_shared_memory():
     results = compile_in_fresh_process(SCRIPT)
-    assert len(results) == 11
+    assert len(results) == 12
     for result in results:
         assert result["shared"] <= H100_SHARED_BYTES, result

@@ -107,9 +107,10 @@ def test_dense_mmq_kernel(qtype):
     packed, weight, magnitude = _weights(qtype, rows, cols, 1)
     for x, exact_int8 in ((_exact_int8(5, cols, 2), True),
                           (torch.randn(5, cols, generator=torch.Generator().manual_seed(3)), False)):
-        got = ops.mmq_matmul(x, packed, int(qtype), cols, bm=16, bn=16, num_warps=1, split=2, num_stages=1)
-        rounding = 0.0 if exact_int8 else _rounding_bound(x, weight)
-        _check(got, x.double() @ weight.T, x.double().abs() @ magnitude.T, rounding, (qtype.name, exact_int8))
+        for bm in (16, None):    # None: the dispatch's tile (8 tokens for the rows-first types, MMQ_ROWS_FIRST)
+            got = ops.mmq_matmul(x, packed, int(qtype), cols, bm=bm, bn=16, num_warps=1, split=2, num_stages=1)
+            rounding = 0.0 if exact_int8 else _rounding_bound(x, weight)
+            _check(got, x.double() @ weight.T, x.double().abs() @ magnitude.T, rounding, (qtype.name, exact_int8, bm))
 
 
 @here

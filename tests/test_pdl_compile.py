@@ -77,7 +77,8 @@ SCRIPT = textwrap.dedent("""
                                                          "PRECISION": "tf32"}, 4,
                                    {"q_ptr": "*bf16", "k_cache_ptr": "*bf16", "v_cache_ptr": "*bf16"}),
         "sum_middle_kernel": ptx(sum_middle_kernel, {"S": 2, "BN": 1024}, 4),
-        "mmq_kernel": ptx(mmq_kernel, {"QTYPE": 12, "TS": 144, "BM": 16, "BN": 32, "EVICT": "evict_first"}, 2,
+        "mmq_kernel": ptx(mmq_kernel, {"QTYPE": 12, "TS": 144, "BM": 8, "BN": 32, "EVICT": "evict_first",
+                                       "ROWS_FIRST": True}, 2,
                           {"xq_ptr": "*i8"}),
     }
     print(json.dumps(cases))

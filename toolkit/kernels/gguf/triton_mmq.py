@@ -183,17 +183,50 @@ def _token_scales(xd_rows, xs_rows, x_ok, sb, QTYPE: tl.constexpr):
 
 
 @triton.jit
+def _idot(x, w, ROWS_FIRST: tl.constexpr):
+    """int32 ``x [BM, 32] . w [BN, 32]`` per (token, row): ``[BN, BM]`` with ``ROWS_FIRST`` (the weight rows as
+    the MMA's M side, 16 per instruction, the tokens as its N side, 8 per instruction), else ``[BM, BN]`` (the
+    tokens as M: 8 tokens fill half of a 16-high tile, and the scaling after each dot does the padding's work)."""
+    if ROWS_FIRST:
+        return tl.dot(w, tl.trans(x), out_dtype=tl.int32)
+    else:
+        return tl.dot(x, tl.trans(w), out_dtype=tl.int32)
+
+
+@triton.jit
+def _rows(v, ROWS_FIRST: tl.constexpr):
+    """A per-row ``[BN]`` vector broadcast along ``_idot``'s token axis."""
+    if ROWS_FIRST:
+        return v[:, None]
+    else:
+        return v[None, :]
+
+
+@triton.jit
+def _toks(v, ROWS_FIRST: tl.constexpr):
+    """A per-token ``[BM]`` vector broadcast along ``_idot``'s row axis."""
+    if ROWS_FIRST:
+        return v[None, :]
+    else:
+        return v[:, None]
+
+
+@triton.jit
 def mmq_tile(x_rows, xd_rows, xs_rows, x_ok, row, part, part_cols, QTYPE: tl.constexpr, TS: tl.constexpr,
-             BM: tl.constexpr, BN: tl.constexpr, EVICT: tl.constexpr):
+             BM: tl.constexpr, BN: tl.constexpr, EVICT: tl.constexpr, ROWS_FIRST: tl.constexpr):
     """float32 ``[BM, BN] = x_hat @ W.T`` over columns ``part * part_cols ..`` (``part_cols`` whole blocks).
 
     ``x_rows [BM, 32]``: pointers to columns 0..31 of each activation row's int8 quants (for Q4_0
     each block permuted: position 2i + h holds column i + 16h); ``xd_rows [BM]``, ``xs_rows [BM]``:
     pointers to each row's first float32 block scale and ``d * sum(q)`` (read for Q4_K/Q5_K only);
     ``x_ok [BM]``: the real rows (the others read as 0); ``row [BN]``: each weight row's packed bytes;
-    ``EVICT``: the L1 eviction policy of the K-quant weight loads ("" for the default)."""
+    ``EVICT``: the L1 eviction policy of the K-quant weight loads ("" for the default); ``ROWS_FIRST``: the
+    weight rows on the MMA's M side (``_idot``)."""
     c = tl.arange(0, 32)
-    acc = tl.zeros((BM, BN), dtype=tl.float32)
+    if ROWS_FIRST:
+        acc = tl.zeros((BN, BM), dtype=tl.float32)
+    else:
+        acc = tl.zeros((BM, BN), dtype=tl.float32)
     if QTYPE == Q4_0 or QTYPE == Q8_0:
         # The 2-aligned 18/34-byte blocks are read as uint16 words (byte loads would be twice the
         # instructions). Q4_0's element i is the low nibble of byte i (i < 16) or the high nibble of
@@ -211,9 +244,9 @@ def mmq_tile(x_rows, xd_rows, xs_rows, x_ok, row, part, part_cols, QTYPE: tl.con
                 byte = tl.interleave(word & 255, word >> 8)                      # [BN, 16]
                 w = (tl.reshape(tl.join(byte & 15, byte >> 4), (BN, 32)).to(tl.int8) - 8).to(tl.int8)
             x = tl.load(x_rows + b * 32, mask=x_ok[:, None], other=0)
-            isum = tl.dot(x, tl.trans(w), out_dtype=tl.int32)
+            isum = _idot(x, w, ROWS_FIRST)
             xd = tl.load(xd_rows + b, mask=x_ok, other=0.0)
-            acc += isum.to(tl.float32) * xd[:, None] * d[None, :]
+            acc += isum.to(tl.float32) * _toks(xd, ROWS_FIRST) * _rows(d, ROWS_FIRST)
     else:
         first = part * (part_cols // 256)
         for sb in range(first, first + part_cols // 256):
@@ -243,14 +276,14 @@ def mmq_tile(x_rows, xd_rows, xs_rows, x_ok, row, part, part_cols, QTYPE: tl.con
                         w = nibbles(byte, 4 * (s % 2), ASM)
                     b = sb * 8 + s
                     x = tl.load(x_rows + b * 32, mask=x_ok[:, None], other=0)
-                    isum = tl.dot(x, tl.trans(w), out_dtype=tl.int32)
+                    isum = _idot(x, w, ROWS_FIRST)
                     sc, mn = _k_scale_min_words(sw0, sw1, sw2, s)
                     xd = tok[s]
                     nxs = -tok[8 + s]
                     # acc += isum * xd * (d sc) - xs * (dmin mn): a convert, a multiply and two fused
                     # multiply-adds per output (the [BM, BN] tile's work is per 32 columns)
-                    acc = tl.fma(isum.to(tl.float32) * xd[:, None], (d * sc)[None, :], acc)
-                    acc = tl.fma(nxs[:, None], (dmin * mn)[None, :], acc)
+                    acc = tl.fma(isum.to(tl.float32) * _toks(xd, ROWS_FIRST), _rows(d * sc, ROWS_FIRST), acc)
+                    acc = tl.fma(_toks(nxs, ROWS_FIRST), _rows(dmin * mn, ROWS_FIRST), acc)
             else:  # Q6_K: ql[128], qh[64], scales[16] int8, d; 32-block s = quarter s % 4 of half s // 4
                 d = half_bits(head[0])
                 sw0, sw1, sw2, sw3 = head[1], head[2], head[3], head[4]   # the 16 int8 scales as four words
@@ -269,23 +302,27 @@ def mmq_tile(x_rows, xd_rows, xs_rows, x_ok, row, part, part_cols, QTYPE: tl.con
                     # the activations masked off at the load (no per-weight select)
                     x_low = tl.load(x_rows + b * 32, mask=x_ok[:, None] & low[None, :], other=0)
                     x_high = tl.load(x_rows + b * 32, mask=x_ok[:, None] & (c >= 16)[None, :], other=0)
-                    sum_low = tl.dot(x_low, tl.trans(w), out_dtype=tl.int32)
-                    sum_high = tl.dot(x_high, tl.trans(w), out_dtype=tl.int32)
+                    sum_low = _idot(x_low, w, ROWS_FIRST)
+                    sum_high = _idot(x_high, w, ROWS_FIRST)
                     word = _pick4(sw0, sw1, sw2, sw3, 2 * (s // 4) + (s % 4) // 2)
                     sc_low = (word << (24 - 16 * (s % 2))) >> 24           # signed bytes 2 (s % 2), + 1
                     sc_high = (word << (16 - 16 * (s % 2))) >> 24
-                    isum = sum_low * sc_low[None, :] + sum_high * sc_high[None, :]   # |isum| < 2**24: exact in int32
+                    isum = sum_low * _rows(sc_low, ROWS_FIRST) + sum_high * _rows(sc_high, ROWS_FIRST)   # < 2**24
                     xd = tok[s]
-                    acc = tl.fma(isum.to(tl.float32) * xd[:, None], d[None, :], acc)
+                    acc = tl.fma(isum.to(tl.float32) * _toks(xd, ROWS_FIRST), _rows(d, ROWS_FIRST), acc)
+    if ROWS_FIRST:
+        acc = tl.trans(acc)
     return acc
 
 
 @triton.jit
 def mmq_kernel(xq_ptr, xd_ptr, xs_ptr, w_ptr, out_ptr, tokens, rows, cols, split_cols, stride_w, stride_out,
                stride_split, QTYPE: tl.constexpr, TS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-               EVICT: tl.constexpr = "", PDL: tl.constexpr = False):
+               EVICT: tl.constexpr = "", PDL: tl.constexpr = False, ROWS_FIRST: tl.constexpr = False):
     """Program (row tile, token tile, K split): ``out[split, BM, BN] = x_hat @ W.T`` over its
     ``split_cols`` columns (whole blocks of the type). ``PDL``: ``kernels/triton_pdl``.
+
+    ``ROWS_FIRST``: the weight rows on the MMA's M side (``_idot``).
 
     ``xq [T, cols]`` int8 (for Q4_0 each block permuted: position 2i + h holds column i + 16h),
     ``xd [T, cols / 32]`` float32 scales, ``xs [T, cols / 32]`` float32
@@ -300,6 +337,6 @@ def mmq_kernel(xq_ptr, xd_ptr, xs_ptr, w_ptr, out_ptr, tokens, rows, cols, split
     x_rows = xq_ptr + m.to(tl.int64)[:, None] * cols + tl.arange(0, 32)[None, :]     # [BM, 32]
     blocks = cols // 32
     acc = mmq_tile(x_rows, xd_ptr + m * blocks, xs_ptr + m * blocks, m_ok, row, pid_k, split_cols, QTYPE, TS, BM, BN,
-                   EVICT)
+                   EVICT, ROWS_FIRST)
     out = out_ptr + pid_k * stride_split + m.to(tl.int64)[:, None] * stride_out + n[None, :]
     tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])

@@ -119,6 +119,15 @@ MMQ_MAX_TOKENS = {"Q4_0": 16, "Q4_K": 16, "Q6_K": 16, "Q8_0": 32}     # the type
 MMQ_LARGE_MAX_TOKENS = {"Q4_K": 32}   # ... and up to T when the weight's 16-bit copy would not fit in L2
 MMQ_CONFIG = MmqConfig(bn=32, num_warps=2, num_stages=3, programs_per_sm=8)
 MMQ_CONFIG_BY_TYPE: dict[str, MmqConfig] = {}
+# Types whose tiles put the weight rows on the MMA's M side and the tokens on its N side (``triton_mmq._idot``):
+# 8 tokens then fill an 8-wide tile instead of half of a 16-high one, and the compiled Q4_K loop has 512
+# instructions per super-block against 805. Alone on one weight the kernel timed the same (session 13, H100, T=8,
+# us at 14336x4096 / 4096x14336 / 2048x8192 / 16384x2048: 38.9 / 39.4 / 23.3 / 23.7 against 39.5 / 36.4 / 22.9 /
+# 23.4), but in the engine batch 8 went from 1,271-1,273 to 1,372-1,373 tok/s (8B Q4_K_M) and 3,813-3,961 to
+# 4,100-4,101 (1.5B Q4_K_M), fresh processes alternating in one call. Q6_K's 2-aligned blocks go through shared
+# memory in that orientation (30 barriers per super-block; 104.7 us at 14336x4096, T=8), so it keeps the tokens
+# first, as do Q4_0 and Q8_0 (not measured rows-first).
+MMQ_ROWS_FIRST = frozenset({"Q4_K", "Q5_K"})
 
 
 def mmq_config(name: str) -> MmqConfig:
@@ -259,7 +268,8 @@ def mmq_matmul(x: torch.Tensor, data: torch.Tensor, qtype: int, cols: int, bm: i
                bn: int | None = None, num_warps: int | None = None, split: int | None = None,
                num_stages: int | None = None) -> torch.Tensor:
     """``x [T, cols] @ W.T`` on int8 tensor cores (``triton_mmq``): 8-bit activations in blocks of 32;
-    ``[T, rows]`` in x's dtype. ``bm``: tokens per program (default: T rounded up, 16 to 64); ``bn``,
+    ``[T, rows]`` in x's dtype. ``bm``: tokens per program (default: T rounded up, 16 to 64; from 8 for the
+    ``MMQ_ROWS_FIRST`` types); ``bn``,
     ``num_warps``, ``num_stages`` and ``split`` (K splits) default to ``mmq_config``'s launch."""
     tokens, rows = x.shape[0], data.shape[0]
     name = type_name(qtype)
@@ -267,7 +277,8 @@ def mmq_matmul(x: torch.Tensor, data: torch.Tensor, qtype: int, cols: int, bm: i
     bn, num_warps = bn or config.bn, num_warps or config.num_warps
     num_stages = num_stages or config.num_stages
     quants, scales, sums = mmq_activations(x, name)
-    bm = bm or max(16, min(64, triton.next_power_of_2(tokens)))
+    rows_first = name in MMQ_ROWS_FIRST
+    bm = bm or max(8 if rows_first else 16, min(64, triton.next_power_of_2(tokens)))
     grid_nm = (triton.cdiv(rows, bn), triton.cdiv(tokens, bm))
     block = MMQ_TYPES[name]
     if split is None:
@@ -278,7 +289,7 @@ def mmq_matmul(x: torch.Tensor, data: torch.Tensor, qtype: int, cols: int, bm: i
     mmq_kernel[(*grid_nm, split)](
         quants, scales, sums, data, out, tokens, rows, cols, cols // split, data.stride(0), out.stride(1),
         out.stride(0), QTYPE=int(qtype), TS=type_size(qtype), BM=bm, BN=bn, EVICT=eviction(MMQ_EVICTION, name),
-        num_warps=num_warps, num_stages=num_stages, **launch_options(x.device))
+        ROWS_FIRST=rows_first, num_warps=num_warps, num_stages=num_stages, **launch_options(x.device))
     return finish_splits(out, x.dtype)
 
 

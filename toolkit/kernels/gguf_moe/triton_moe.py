@@ -154,7 +154,7 @@ def gguf_moe_mmq_kernel(xq_ptr, xd_ptr, xs_ptr, w_ptr, out_ptr, route_ptr, block
         row = w_ptr + (expert.to(tl.int64) * N + tl.minimum(offs_n, N - 1).to(tl.int64)) * stride_w
         x_rows = xq_ptr + rows[:, None] * K + tl.arange(0, 32)[None, :]          # [BM, 32]
         acc = mmq_tile(x_rows, xd_ptr + rows * (K // 32), xs_ptr + rows * (K // 32), valid, row, 0, K,
-                       QTYPE, TS, BM, BN, "")
+                       QTYPE, TS, BM, BN, "", False)
         store_routes(out_ptr, acc, routes, valid, offs_n, N, weight_ptr, MUL_WEIGHT)
 
 
