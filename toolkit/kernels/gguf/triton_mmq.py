@@ -17,11 +17,15 @@ load). Results equal ``W @ x_hat`` (``x_hat`` the int8-rounded activations) up t
 The K-quant weights are unpacked four to a 32-bit register with inline PTX (a shift and a mask per
 four weights: ``nibbles``, ``nibbles_with_bit``, ``six_bits``); written element-wise, Triton widens
 every byte to 16 bits and back (~8 instructions per weight). Their scales are read as whole words
-once per super-block. Under the interpreter (``ASM`` false) the same values come from plain shifts.
+once per super-block, all at the top of its iteration together with the tokens' block scales (Triton's
+pipeliner stages only the loads that feed the dot). Under the interpreter (``ASM`` false) the same values
+come from plain shifts.
 
 ``mmq_tile`` is the K loop of one ``[BM, BN]`` tile; the dense kernel (``mmq_kernel``, tokens x rows)
 and the grouped MoE kernel (``gguf_moe.triton_moe``, routes of one expert x that expert's rows) call
-it with their own row pointers (Triton inlines it: one kernel's code, as if written in place).
+it with their own row pointers (Triton inlines it: one kernel's code, as if written in place). With
+``ROWS_FIRST`` the dots put the weight rows on the MMA's M side and the tokens on N, where 8 tokens fill
+a tile (``_idot``; ``triton_ops.MMQ_ROWS_FIRST`` says which types).
 """
 from __future__ import annotations
 
