@@ -156,11 +156,10 @@ def six_bits(ql, qh, quarter: tl.constexpr, ASM: tl.constexpr):
 
 
 @triton.jit
-def _k_head(row, sb, TS: tl.constexpr, QTYPE: tl.constexpr):
-    """Super-block ``sb``'s scale fields of each row ``[BN]``, read once per super-block as words (not 16-24 byte
-    loads): Q4_K/Q5_K ``(d | dmin << 16, scale words 0-2)``, Q6_K ``(d, scale words 0-3)`` (its 210-byte blocks
-    are only 2-aligned: 16-bit loads)."""
-    block = row + sb * TS
+def _k_head(block, QTYPE: tl.constexpr):
+    """A super-block's scale fields of each row ``[BN]`` (``block``: their super-blocks' first bytes), read as
+    words (not 16-24 byte loads): Q4_K/Q5_K ``(d | dmin << 16, scale words 0-2)``, Q6_K ``(d, scale words 0-3)``
+    (its 210-byte blocks are only 2-aligned: 16-bit loads)."""
     if QTYPE == Q6_K:
         return (_u16(block, 104), _scale_word(block + 192, 0), _scale_word(block + 192, 1),
                 _scale_word(block + 192, 2), _scale_word(block + 192, 3))
@@ -169,21 +168,22 @@ def _k_head(row, sb, TS: tl.constexpr, QTYPE: tl.constexpr):
 
 
 @triton.jit
+def _eight(ptrs, mask):
+    """The float32 ``[BM]`` vectors at ``ptrs + 0 .. 7`` (masked rows read 0), as a tuple."""
+    return (tl.load(ptrs, mask=mask, other=0.0), tl.load(ptrs + 1, mask=mask, other=0.0),
+            tl.load(ptrs + 2, mask=mask, other=0.0), tl.load(ptrs + 3, mask=mask, other=0.0),
+            tl.load(ptrs + 4, mask=mask, other=0.0), tl.load(ptrs + 5, mask=mask, other=0.0),
+            tl.load(ptrs + 6, mask=mask, other=0.0), tl.load(ptrs + 7, mask=mask, other=0.0))
+
+
+@triton.jit
 def _token_scales(xd_rows, xs_rows, x_ok, sb, QTYPE: tl.constexpr):
     """The tokens' block scales ``[BM]`` of super-block ``sb``'s eight 32-blocks, then (Q4_K/Q5_K) their ``d *
     sum(q)``: a tuple of 8 or 16."""
-    b = sb * 8
-    xd = (tl.load(xd_rows + b, mask=x_ok, other=0.0), tl.load(xd_rows + b + 1, mask=x_ok, other=0.0),
-          tl.load(xd_rows + b + 2, mask=x_ok, other=0.0), tl.load(xd_rows + b + 3, mask=x_ok, other=0.0),
-          tl.load(xd_rows + b + 4, mask=x_ok, other=0.0), tl.load(xd_rows + b + 5, mask=x_ok, other=0.0),
-          tl.load(xd_rows + b + 6, mask=x_ok, other=0.0), tl.load(xd_rows + b + 7, mask=x_ok, other=0.0))
     if QTYPE == Q6_K:
-        return xd
+        return _eight(xd_rows + sb * 8, x_ok)
     else:
-        return xd + (tl.load(xs_rows + b, mask=x_ok, other=0.0), tl.load(xs_rows + b + 1, mask=x_ok, other=0.0),
-                     tl.load(xs_rows + b + 2, mask=x_ok, other=0.0), tl.load(xs_rows + b + 3, mask=x_ok, other=0.0),
-                     tl.load(xs_rows + b + 4, mask=x_ok, other=0.0), tl.load(xs_rows + b + 5, mask=x_ok, other=0.0),
-                     tl.load(xs_rows + b + 6, mask=x_ok, other=0.0), tl.load(xs_rows + b + 7, mask=x_ok, other=0.0))
+        return _eight(xd_rows + sb * 8, x_ok) + _eight(xs_rows + sb * 8, x_ok)
 
 
 @triton.jit
@@ -259,7 +259,7 @@ def mmq_tile(x_rows, xd_rows, xs_rows, x_ok, row, part, part_cols, QTYPE: tl.con
             # stages only the quants and activations): all issued here, at the top, so that their latencies
             # overlap (issued where each is used, each stalled its 32-block; loaded a super-block ahead, the
             # registers they held cost more than the latency they hid: docs/benchmarks.md, session 13).
-            head = _k_head(row, sb, TS, QTYPE)
+            head = _k_head(block, QTYPE)
             tok = _token_scales(xd_rows, xs_rows, x_ok, sb, QTYPE)
             if QTYPE == Q4_K or QTYPE == Q5_K:
                 # Q4_K: d, dmin, scales[12], qs[128]; Q5_K: the same with qh[32] before qs. 32-block s
