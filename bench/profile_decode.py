@@ -2,8 +2,12 @@
 
 Eager (no CUDA graph) so the profiler sees every kernel; the kernels are the ones the graphs
 replay. Prints the top kernels by GPU time per step and the number of kernels per step.
+``--graphs`` profiles the replayed CUDA graphs instead: the kernels' own times are the same, but the
+timeline then also shows what the step costs beyond them (the GPU idle between kernels, or kernels
+overlapping under PDL), which eager launches hide behind their host time.
 
     python bench/profile_decode.py MODEL.gguf --batch 1 --steps 8
+    python bench/profile_decode.py MODEL.gguf --batch 8 --graphs --sequence 12
 """
 from __future__ import annotations
 
@@ -22,13 +26,14 @@ def main() -> None:
     parser.add_argument("--prefill", type=int, default=0, help="profile prefills of this many tokens instead")
     parser.add_argument("--sequence", type=int, default=0,
                         help="also print the first N kernels of the last step in launch order (one layer's sequence)")
+    parser.add_argument("--graphs", action="store_true", help="profile CUDA-graph replays (decode only)")
     args = parser.parse_args()
 
     import toolkit  # noqa: PLC0415
     from toolkit.core.engine import benchmark  # noqa: PLC0415
 
     llm = toolkit.LLM(args.model, device="cuda", max_num_seqs=args.batch, enable_prefix_caching=False,
-                      enforce_eager=True, kv_cache_memory="4GiB")
+                      enforce_eager=not args.graphs, kv_cache_memory="4GiB")
     benchmark.measure(llm, args.batch, 128, 4)                      # warm-up: compile every kernel
     if args.prefill:
         profile_prefill(llm, args)
@@ -49,18 +54,42 @@ def main() -> None:
     print(f"{args.model} batch {args.batch}: {total_us / 1e3:.2f} ms of GPU kernels per step, {kernels:.0f} kernels/step")
     for e in sorted(events, key=lambda e: -e.self_device_time_total)[:args.top]:
         print(f"  {e.self_device_time_total / args.steps / 1e3:7.3f} ms  x{e.count / args.steps:5.0f}  {e.key[:110]}")
-    if args.sequence:
-        print_sequence(prof, args)
-
-
-def print_sequence(prof, args) -> None:
-    """The kernels of the last profiled step in launch order: shows what one layer launches."""
     kernels = sorted((e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA),
                      key=lambda e: e.time_range.start)
+    print_timeline(kernels, args)
+    if args.sequence:
+        print_sequence(kernels, args)
+
+
+def print_timeline(kernels, args) -> None:
+    """Where the steps' wall time went on the GPU: kernels running, idle gaps between kernels (short: launch
+    latency inside a step; long: waiting for the host between steps), and overlap (PDL lets a kernel start
+    before the one before it ends)."""
+    span = kernels[-1].time_range.end - kernels[0].time_range.start
+    short = long = overlap = 0.0
+    end = kernels[0].time_range.end
+    for e in kernels[1:]:
+        gap = e.time_range.start - end
+        if gap > 20:
+            long += gap
+        elif gap > 0:
+            short += gap
+        else:
+            overlap -= gap
+        end = max(end, e.time_range.end)
+    n = args.steps
+    print(f"timeline per step: span {span / n / 1e3:.3f} ms; gaps under 20 us {short / n / 1e3:.3f} ms, "
+          f"longer gaps {long / n / 1e3:.3f} ms, overlapped {overlap / n / 1e3:.3f} ms")
+
+
+def print_sequence(kernels, args) -> None:
+    """The kernels of the last profiled step in launch order: shows what one layer launches, each with the
+    GPU's idle time before it (negative: it started while the previous kernel still ran)."""
     per_step = len(kernels) // args.steps
-    print(f"launch order, last step ({per_step} kernels), first {args.sequence}:")
-    for e in kernels[-per_step:][:args.sequence]:
-        print(f"  {e.time_range.elapsed_us():7.1f} us  {e.name[:120]}")
+    print(f"launch order, last step ({per_step} kernels), first {args.sequence}: us, gap before, name")
+    last = kernels[-per_step:]
+    for prev, e in zip(last, last[1:args.sequence + 1]):
+        print(f"  {e.time_range.elapsed_us():7.1f} {e.time_range.start - prev.time_range.end:6.1f}  {e.name[:110]}")
 
 
 def profile_prefill(llm, args) -> None:
