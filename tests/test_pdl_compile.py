@@ -105,3 +105,7 @@ def test_decode_kernels_wait_before_they_write_and_the_gemv_loads_weights_first(
             assert wait < launch < len(lines), f"{name}: the next kernel may launch before this one waited"
     gemv = cases["gemv_tokens_kernel"].splitlines()
     assert _first(gemv, "ld.global") < _first(gemv, "griddepcontrol.wait"), "the GEMV's weights load after the wait"
+    # the split decode attention loads its first K/V tile (earlier positions of the cache) before the wait
+    attention = cases["split_decode_kernel"].splitlines()
+    wait = _first(attention, "griddepcontrol.wait")
+    assert sum("ld.global" in line for line in attention[:wait]) >= 8, "K/V tile loads after the wait"

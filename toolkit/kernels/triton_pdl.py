@@ -8,8 +8,9 @@ finishes; they block in ``griddepcontrol.wait`` until it has completed and its w
 
 The contract of a kernel that takes ``PDL`` (a constexpr, True only when launched with ``launch_pdl``):
 - it calls ``wait_for_previous(PDL)`` before it reads anything an earlier kernel wrote and before it
-  writes anything (an earlier kernel may still read it); only data no kernel writes during a step, such
-  as weights, may be read before the wait;
+  writes anything (an earlier kernel may still read it); only data no kernel writes during this step may
+  be read before the wait: weights, and in the KV cache the positions written by earlier steps (the split
+  decode attention loads its first tile of those before it waits, the new token's K/V after);
 - the wait also lets the next kernel start launching (``griddepcontrol.launch_dependents``), after the
   wait, not before, so that at most two kernels overlap: the next one's programs are placed as this
   one's last programs run. The GGUF matmuls do not: they read their first weights before their wait,

@@ -51,6 +51,23 @@ def _combine(out_ptr, acc_part_ptr, ml_part_ptr, slot, token, kv_head, stride_ot
              mask=(rows < GROUP) & (dd < HEAD_DIM))
 
 
+@triton.jit
+def _attend(q, k, v, n_valid, m_i, l_i, acc, scale, softcap, USE_SOFTCAP: tl.constexpr, PRECISION: tl.constexpr):
+    """One K/V tile into the online softmax: ``(m_i, l_i, acc)`` after the tile's ``n_valid`` positions (an
+    empty tile leaves them as they were)."""
+    s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale
+    if USE_SOFTCAP:
+        s = softcap * (2.0 * tl.sigmoid(2.0 * s / softcap) - 1.0)  # softcap * tanh(s / softcap)
+    s = tl.where(n_valid[None, :], s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    p = tl.exp(s - m_safe[:, None])
+    alpha = tl.exp(m_i - m_safe)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+    return m_new, l_i, acc
+
+
 @triton.jit(do_not_specialize=["stride_bt", "sliding_window"])  # block-table width changes every few steps
 def split_decode_kernel(
         out_ptr, q_ptr, k_cache_ptr, v_cache_ptr, query_start_loc_ptr, seq_lens_ptr, block_tables_ptr,
@@ -62,8 +79,12 @@ def split_decode_kernel(
         USE_SOFTCAP: tl.constexpr, USE_WINDOW: tl.constexpr, PRECISION: tl.constexpr, PDL: tl.constexpr = False):
     """Program (seq, kv_head, split): the GROUP query heads of kv_head (padded to GROUP_PAD >= 16 rows for
     ``tl.dot``) over slice ``split`` of the sequence's visible context, an online softmax in float32.
-    A sequence without a new token (a padding row) is skipped by all its programs alike."""
-    wait_for_previous(PDL)                                          # kernels/triton_pdl
+    A sequence without a new token (a padding row) is skipped by all its programs alike.
+
+    ``PDL``: the slice's first K/V tile is loaded before waiting for the kernel before (``triton_pdl``), so its
+    memory round trips (the batch's lengths, the block table, the tile) overlap that kernel's end. Only what no
+    kernel of the step writes is read then: in a decode step the one cache position written is each sequence's
+    new token (``seq_len - 1``, stored by the kernel just before, with q); it is read after the wait."""
     seq, kv_head, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     q_begin = tl.load(query_start_loc_ptr + seq)
     if tl.load(query_start_loc_ptr + seq + 1) == q_begin:
@@ -81,31 +102,34 @@ def split_decode_kernel(
     row_valid = rows < GROUP
     d = tl.arange(0, BLOCK_D)
     d_valid = d < HEAD_DIM
+    block_table = block_tables_ptr + seq * stride_bt
+    n = lo + tl.arange(0, BLOCK_N)
+    n_valid = n < hi
+    block_ids, offsets = page_slots(block_table, n, n_valid, PAGE)
+    old = (n_valid & (n < seq_len - 1))[:, None] & d_valid[None, :]
+    k = kv_tile(k_cache_ptr, block_ids, offsets, kv_head, d, stride_kb, stride_ks, stride_kh, old)
+    v = kv_tile(v_cache_ptr, block_ids, offsets, kv_head, d, stride_vb, stride_vs, stride_vh, old)
+    wait_for_previous(PDL)                                          # kernels/triton_pdl
+    if hi == seq_len:                                               # this slice holds the new token
+        new = (n == seq_len - 1)[:, None] & d_valid[None, :]
+        k += kv_tile(k_cache_ptr, block_ids, offsets, kv_head, d, stride_kb, stride_ks, stride_kh, new)
+        v += kv_tile(v_cache_ptr, block_ids, offsets, kv_head, d, stride_vb, stride_vs, stride_vh, new)
     token = q_begin.to(tl.int64)
     q = tl.load(q_ptr + token * stride_qt + head[:, None] * stride_qh + d[None, :],
                 mask=row_valid[:, None] & d_valid[None, :], other=0.0)
     m_i = tl.full([GROUP_PAD], float("-inf"), tl.float32)
     l_i = tl.zeros([GROUP_PAD], tl.float32)
     acc = tl.zeros([GROUP_PAD, BLOCK_D], tl.float32)
-    for n_start in range(lo, hi, BLOCK_N):
+    m_i, l_i, acc = _attend(q, k, v, n_valid, m_i, l_i, acc, scale, softcap, USE_SOFTCAP, PRECISION)
+    for n_start in range(lo + BLOCK_N, hi, BLOCK_N):
         n = n_start + tl.arange(0, BLOCK_N)
         n_valid = n < hi
-        block_ids, offsets = page_slots(block_tables_ptr + seq * stride_bt, n, n_valid, PAGE)
+        block_ids, offsets = page_slots(block_table, n, n_valid, PAGE)
         kv_mask = n_valid[:, None] & d_valid[None, :]
         k = kv_tile(k_cache_ptr, block_ids, offsets, kv_head, d, stride_kb, stride_ks, stride_kh, kv_mask)
         # V issued with K: both wait only on the block table, so one memory round trip serves both
         v = kv_tile(v_cache_ptr, block_ids, offsets, kv_head, d, stride_vb, stride_vs, stride_vh, kv_mask)
-        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale
-        if USE_SOFTCAP:
-            s = softcap * (2.0 * tl.sigmoid(2.0 * s / softcap) - 1.0)  # softcap * tanh(s / softcap)
-        s = tl.where(n_valid[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = tl.exp(s - m_safe[:, None])
-        alpha = tl.exp(m_i - m_safe)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
-        m_i = m_new
+        m_i, l_i, acc = _attend(q, k, v, n_valid, m_i, l_i, acc, scale, softcap, USE_SOFTCAP, PRECISION)
 
     slot = seq * tl.num_programs(1) + kv_head
     part = slot * SPLITS + split
