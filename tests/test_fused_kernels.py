@@ -133,6 +133,37 @@ def test_gated_activation(ops, dtype, activation, rows, cols):
     assert rel_err(out, reference.gated_activation(x, activation)) < TOL[dtype]
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("splits", [2, 8])
+@pytest.mark.parametrize("sums", [None, True])
+@pytest.mark.parametrize("activation", ["silu", "gelu_pytorch_tanh"])
+def test_split_sum_consumers_match_the_two_launches(ops, dtype, splits, sums, activation):
+    """``add_rms_norm_splits`` and ``gated_activation_splits`` (kernels/split_sums.py), compiled: bit for bit the
+    separate ``sum_splits`` launch followed by the plain kernel, and within the dtype's tolerance of the torch
+    references of the summed input."""
+    gen = torch.Generator(device="cuda").manual_seed(splits * 7 + (sums is None))
+    parts = torch.randn(splits, 8, 4096, generator=gen, device="cuda") * 3
+    residual = torch.randn(8, 4096, generator=gen, device="cuda").to(dtype)
+    weight = (1 + 0.3 * torch.randn(4096, generator=gen, device="cuda")).to(dtype)
+    assert ops.add_rms_norm_splits.supports(parts, residual, weight, 1e-6, 0.0, sums)
+    got = ops.add_rms_norm_splits(parts, residual, weight, 1e-6, 0.0, sums)
+    x = ops.sum_splits(parts, dtype)
+    want = (ops.add_rms_norm(x, residual, weight, 1e-6, 0.0) if sums is None
+            else ops.add_rms_norm_int8(x, residual, weight, 1e-6, 0.0, sums))
+    for a, b in zip(got, want):
+        assert torch.equal(a, b)
+    ref_out, ref_total = reference.add_rms_norm(x, residual, weight, 1e-6, 0.0)
+    assert torch.equal(got[1], ref_total) and rel_err(got[0], ref_out) < TOL[dtype]
+    gate_up = torch.randn(splits, 8, 2 * 7168, generator=gen, device="cuda")
+    assert ops.gated_activation_splits.supports(gate_up, dtype, activation, sums)
+    got = ops.gated_activation_splits(gate_up, dtype, activation, sums)
+    x = ops.sum_splits(gate_up, dtype)
+    want = (ops.gated_activation(x, activation),) if sums is None else ops.gated_activation_int8(x, activation, sums)
+    for a, b in zip(got, want):
+        assert torch.equal(a, b)
+    assert rel_err(got[0], reference.gated_activation(x, activation)) < TOL[dtype]
+
+
 def test_the_runtime_dispatches_cuda_calls_to_the_fused_kernels(ops):
     from toolkit.core.registry import default_registry  # noqa: PLC0415
     from toolkit.kernels import runtime  # noqa: PLC0415

@@ -92,6 +92,27 @@ def test_gguf_matmul_reads_attached_blocks_as_its_own(kernels, name, tokens):
     assert not torch.equal(triton_ops.gguf_matmul(poisoned, data, qtype, cols), got)
 
 
+@pytest.mark.parametrize("name,tokens", [("Q4_K", 8), ("Q6_K", 8), ("Q4_0", 4), ("Q4_K", 1), ("Q4_K", 32)])
+def test_gguf_matmul_hands_on_its_split_sums(kernels, name, tokens):
+    """``gguf_matmul_unreduced`` (kernels/split_sums.py): where the kernel splits K, partial sums whose sum
+    (``sum_splits``) is bit for bit ``gguf_matmul``'s result; a tensor equal to it where it does not."""
+    fused, triton_ops = kernels
+    from gguf import GGMLQuantizationType  # noqa: PLC0415
+    from toolkit.kernels.split_sums import SplitSums  # noqa: PLC0415
+    qtype, rows, cols = int(GGMLQuantizationType[name]), 512, 4096
+    data = _packed(name, rows, cols, tokens)
+    x = _x(tokens, cols, torch.bfloat16, 3)
+    plain = triton_ops.gguf_matmul(x, data, qtype, cols)
+    got = triton_ops.gguf_matmul_unreduced(x, data, qtype, cols)
+    if isinstance(got, SplitSums):
+        assert got.parts.shape[0] > 1 and got.dtype == torch.bfloat16
+        assert torch.equal(fused.sum_splits(got.parts, got.dtype), plain)
+    else:
+        assert torch.equal(got, plain)
+    if (name, tokens) == ("Q4_K", 8):           # 512 rows at 8 tokens: few row tiles, so the launch splits K
+        assert isinstance(got, SplitSums)
+
+
 def test_gguf_int8_input_follows_the_kernel_choice(kernels):
     _, triton_ops = kernels
     from gguf import GGMLQuantizationType  # noqa: PLC0415

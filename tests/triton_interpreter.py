@@ -79,10 +79,10 @@ def start_interpreter(gpu_tests: str) -> bool:
 
 # The GGUF and MoE kernel modules in import order: a module's jit functions are bound when it is imported,
 # so one imported compiled (by an earlier test file) makes every later one in the chain compiled too.
-GGUF_CHAIN = ("toolkit.kernels.triton_int8", "toolkit.kernels.gguf.triton_words", "toolkit.kernels.gguf.triton_dp4a",
-              "toolkit.kernels.gguf.triton_kernels", "toolkit.kernels.gguf.triton_mmq",
+GGUF_CHAIN = ("toolkit.kernels.triton_int8", "toolkit.kernels.triton_reduce", "toolkit.kernels.gguf.triton_words",
+              "toolkit.kernels.gguf.triton_dp4a", "toolkit.kernels.gguf.triton_kernels", "toolkit.kernels.gguf.triton_mmq",
               "toolkit.kernels.gguf.triton_dot16", "toolkit.kernels.gguf.dot16_ops", "toolkit.kernels.gguf.triton_ops",
-              "toolkit.kernels.triton_reduce", "toolkit.kernels.moe_triton", "toolkit.kernels.gguf_moe.triton_moe")
+              "toolkit.kernels.moe_triton", "toolkit.kernels.gguf_moe.triton_moe")
 
 
 def interpreted_modules(*names: str) -> list:
@@ -107,8 +107,9 @@ def interpreted_gguf_chain() -> None:
     interpreted_modules(*GGUF_CHAIN)
 
 
-# The fused-op kernel modules in import order (the rounding helpers first: the fused kernels call them).
-FUSED_CHAIN = ("toolkit.kernels.triton_int8", "toolkit.kernels.fused.triton_kernels", "toolkit.kernels.fused.ops")
+# The fused-op kernel modules in import order (the rounding and split-sum helpers first: the fused kernels call them).
+FUSED_CHAIN = ("toolkit.kernels.triton_int8", "toolkit.kernels.triton_reduce", "toolkit.kernels.fused.triton_kernels",
+               "toolkit.kernels.fused.ops")
 
 
 def interpreted_fused_ops():

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import torch
 
 from . import runtime
+from .split_sums import SplitSums
 
 _ATTRIBUTE = "_toolkit_int8_blocks"
 
@@ -104,9 +105,14 @@ def requested(consumer, tokens: int) -> Int8Input | None:
     return ask(tokens)
 
 
-def gated(x: torch.Tensor, activation: str, request: Int8Input | None) -> torch.Tensor:
+def gated(x, activation: str, request: Int8Input | None) -> torch.Tensor:
     """``act(gate) * up`` (the ``gated_activation`` op), with its int8 blocks attached when ``request``
-    asks for them (one kernel on CUDA: ``gated_activation_int8``)."""
+    asks for them (one kernel on CUDA: ``gated_activation_int8``). ``x``: a tensor, or a projection's split-K
+    partial sums (``split_sums.SplitSums``), added up in the same kernel (``gated_activation_splits``)."""
+    if isinstance(x, SplitSums):
+        out, *blocks = runtime.call("gated_activation_splits", x.parts, x.dtype, activation,
+                                    None if request is None else request.sums)
+        return out if request is None else attach(out, *blocks)
     if request is None:
         return runtime.call("gated_activation", x, activation)
     out, words, scales, sums = runtime.call("gated_activation_int8", x, activation, request.sums)

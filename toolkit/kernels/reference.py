@@ -9,6 +9,7 @@ import torch
 from ..core.hookspecs import hookimpl
 from . import runtime
 from .int8_blocks import quantize_reference
+from .split_sums import sum_splits_reference as sum_splits
 from .recurrent_reference import OPS as RECURRENT_OPS
 
 
@@ -51,6 +52,26 @@ def gated_activation_int8(x: torch.Tensor, activation: str, sums: bool):
     """``gated_activation`` and its output's int8 blocks: ``(out, words, scales, sums or None)``."""
     out = gated_activation(x, activation)
     return (out, *quantize_reference(out.reshape(-1, out.shape[-1]), sums))
+
+
+def add_rms_norm_splits(parts: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
+                        weight_offset: float, sums: bool | None):
+    """``add_rms_norm`` (``_int8`` unless ``sums`` is None) of split-K partial sums ``parts [S, T, N]``
+    (``split_sums``), added up in residual's dtype first: ``(out, total, words, scales, block sums)``, the last three
+    None without ``sums``."""
+    x = sum_splits(parts, residual.dtype)
+    if sums is None:
+        return (*add_rms_norm(x, residual, weight, eps, weight_offset), None, None, None)
+    return add_rms_norm_int8(x, residual, weight, eps, weight_offset, sums)
+
+
+def gated_activation_splits(parts: torch.Tensor, dtype: torch.dtype, activation: str, sums: bool | None):
+    """``gated_activation`` (``_int8`` unless ``sums`` is None) of split-K partial sums ``parts [S, T, 2N]``, added up
+    in ``dtype`` first: ``(out, words, scales, block sums)``, the last three None without ``sums``."""
+    x = sum_splits(parts, dtype)
+    if sums is None:
+        return gated_activation(x, activation), None, None, None
+    return gated_activation_int8(x, activation, sums)
 
 
 GATED_ACTIVATIONS = {"silu": torch.nn.functional.silu,
@@ -190,7 +211,8 @@ def paged_decode(q, k_cache, v_cache, attn, scale: float, sliding_window=None, s
 def register_kernels(register):
     for name, fn in (("rms_norm", rms_norm), ("add_rms_norm", add_rms_norm), ("gated_activation", gated_activation),
                      ("rms_norm_int8", rms_norm_int8), ("add_rms_norm_int8", add_rms_norm_int8),
-                     ("gated_activation_int8", gated_activation_int8),
+                     ("gated_activation_int8", gated_activation_int8), ("sum_splits", sum_splits),
+                     ("add_rms_norm_splits", add_rms_norm_splits), ("gated_activation_splits", gated_activation_splits),
                      ("rotary_qk", rotary_qk), ("rotary", rotary), ("store_kv", store_kv),
                      ("rotary_store_kv", rotary_store_kv), ("qk_norm_rotary_store_kv", qk_norm_rotary_store_kv),
                      ("varlen_attention", varlen_attention), ("paged_attention", paged_attention),

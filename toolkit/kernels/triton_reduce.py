@@ -11,7 +11,21 @@ import torch
 import triton
 import triton.language as tl
 
+from .split_sums import SplitSums
 from .triton_pdl import launch_options, wait_for_previous
+
+
+@triton.jit
+def load_summed(ptrs, mask, SPLITS: tl.constexpr, stride_split, dtype: tl.constexpr):
+    """``ptrs``' values in ``dtype``, or with ``SPLITS`` > 1 the sum of ``SPLITS`` float32 partials ``stride_split``
+    elements apart (a split-K matmul's, ``kernels/split_sums``), added in split order and rounded to ``dtype`` as
+    ``sum_middle_kernel`` writes them: an op reading a projection's output adds its partials on the way in."""
+    if SPLITS == 1:
+        return tl.load(ptrs, mask=mask, other=0.0)
+    acc = tl.load(ptrs, mask=mask, other=0.0)
+    for s in tl.static_range(1, SPLITS):
+        acc += tl.load(ptrs + s * stride_split, mask=mask, other=0.0)
+    return acc.to(dtype)
 
 
 @triton.jit
@@ -51,6 +65,9 @@ def split_output(split: int, tokens: int, rows: int, x: torch.Tensor) -> torch.T
     return torch.empty(split, tokens, rows, dtype=x.dtype if split == 1 else torch.float32, device=x.device)
 
 
-def finish_splits(out: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """``split_output``'s buffer after the kernel -> ``[T, N]`` in ``dtype`` (the partial sums reduced)."""
-    return out[0] if out.shape[0] == 1 else sum_splits(out, dtype)
+def finish_splits(out: torch.Tensor, dtype: torch.dtype, unreduced: bool = False) -> torch.Tensor | SplitSums:
+    """``split_output``'s buffer after the kernel -> ``[T, N]`` in ``dtype`` (the partial sums reduced), or with
+    ``unreduced`` the partial sums as they are, for the caller's next op to add (``split_sums``)."""
+    if out.shape[0] == 1:
+        return out[0]
+    return SplitSums(out, dtype) if unreduced else sum_splits(out, dtype)

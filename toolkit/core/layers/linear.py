@@ -7,6 +7,7 @@ import torch
 from torch import nn
 
 from ...kernels.int8_blocks import scheme_request
+from ...kernels.split_sums import SplitSums
 from ..params import ModelParameter, require_divisible
 from ..parallel import ParallelContext
 from ..quant import QuantScheme
@@ -35,7 +36,11 @@ class LinearBase(nn.Module):
     def _shard_ids(self) -> tuple:
         return (None,)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, unreduced: bool = False) -> torch.Tensor | SplitSums:
+        """``x @ W.T (+ bias)`` through the scheme. ``unreduced``: the caller's next op adds split-K partial sums
+        itself (``kernels/split_sums.py``), so a scheme with ``apply_unreduced`` may return them instead."""
+        if unreduced and self.bias is None and hasattr(self.scheme, "apply_unreduced"):
+            return self.scheme.apply_unreduced(self, x)
         return self.scheme.apply(self, x, self.bias)
 
     def int8_input(self, tokens: int):
@@ -141,7 +146,9 @@ class RowParallelLinear(LinearBase):
         super().__init__(input_size, [output_size], quant=quant, parallel=parallel, prefix=prefix,
                          input_size_per_partition=per_rank, output_partition_sizes=[output_size], bias=bias)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, unreduced: bool = False) -> torch.Tensor | SplitSums:
+        if unreduced and self.bias is None and not (self.reduce_results and self.parallel.tp_size > 1):
+            return super().forward(x, unreduced=True)
         y = self.scheme.apply(self, x, None)  # bias after the reduction, so it is added once
         if self.reduce_results:
             y = self.parallel.all_reduce(y)

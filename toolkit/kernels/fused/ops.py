@@ -6,6 +6,7 @@ import torch
 import triton
 
 from ..triton_pdl import launch_options
+from ..triton_reduce import sum_splits
 from .triton_kernels import gated_activation_kernel, rms_norm_kernel, rotary_heads_kernel
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -32,21 +33,29 @@ def _int8_outputs(rows: int, cols: int, sums: bool | None, device) -> tuple:
     return words, scales, torch.empty_like(scales) if sums else None
 
 
-def _launch_norm(x, residual, weight, eps: float, weight_offset: float, sums: bool | None):
-    """``rms_norm_kernel`` over x's rows: ``(out, total or None, words, scales, block sums)``."""
+def _launch_norm(x, residual, weight, eps: float, weight_offset: float, sums: bool | None,
+                 parts: torch.Tensor | None = None):
+    """``rms_norm_kernel`` over x's rows: ``(out, total or None, words, scales, block sums)``. ``parts``: x's value
+    as split-K partial sums ``[S, rows, cols]`` float32 (``kernels/split_sums``); x then gives only the shape and
+    dtype."""
     flat = _rows(x)
     res = _rows(residual) if residual is not None else flat
     out = torch.empty_like(flat)
     total = torch.empty_like(flat) if residual is not None else out
     words, scales, block_sums = _int8_outputs(flat.shape[0], flat.shape[1], sums, x.device)
     block = triton.next_power_of_2(flat.shape[1])
+    src = flat if parts is None else parts
     if flat.shape[0]:
         rms_norm_kernel[(flat.shape[0],)](
-            flat, res, weight, out, total, flat.shape[1], flat.stride(0), res.stride(0), out.stride(0),
+            src, res, weight, out, total, flat.shape[1], src.stride(-2), res.stride(0), out.stride(0),
             total.stride(0), float(eps), float(weight_offset), HAS_RESIDUAL=residual is not None,
             HAS_OFFSET=bool(weight_offset), BLOCK=block, q_ptr=None if words is None else words.view(torch.int8),
             d_ptr=scales, s_ptr=block_sums if block_sums is not None else scales, QUANT=sums is not None,
-            SUMS=bool(sums), num_warps=_norm_warps(block), **launch_options(x.device))
+            SUMS=bool(sums), SPLITS=1 if parts is None else parts.shape[0],
+            stride_split=0 if parts is None else parts.stride(0),
+            # a row's partials are S times its bytes, read by the row's one program: more warps, more loads in flight
+            num_warps=_norm_warps(block) if parts is None else min(16, 4 * _norm_warps(block)),
+            **launch_options(x.device))
     return out.view(x.shape), (total.view(x.shape) if residual is not None else None), words, scales, block_sums
 
 
@@ -95,6 +104,24 @@ def add_rms_norm_int8(x: torch.Tensor, residual: torch.Tensor, weight: torch.Ten
 
 add_rms_norm_int8.supports = lambda x, residual, weight, eps, weight_offset, sums: (
     _add_norm_supports(x, residual, weight, eps, weight_offset) and x.shape[-1] % 32 == 0)
+
+
+def _parts_ok(parts: torch.Tensor, shape) -> bool:
+    """Split-K partials ``[S, T, N]`` the kernels read in place: float32, rows of contiguous columns."""
+    return (parts.is_cuda and parts.dtype == torch.float32 and parts.dim() == 3 and tuple(parts.shape[1:]) == shape
+            and parts.stride(-1) == 1)
+
+
+def add_rms_norm_splits(parts: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
+                        weight_offset: float, sums: bool | None):
+    """The reference's ``add_rms_norm_splits`` in one kernel: the partials added as the norm loads its input."""
+    return _launch_norm(residual, residual, weight, eps, weight_offset, sums, parts)
+
+
+add_rms_norm_splits.supports = lambda parts, residual, weight, eps, weight_offset, sums: (
+    _parts_ok(parts, tuple(residual.shape)) and residual.dim() == 2
+    and _add_norm_supports(residual, residual, weight, eps, weight_offset)
+    and (sums is None or residual.shape[-1] % 32 == 0))
 
 
 def _rotary_config(head_dim: int, rotary_dim: int) -> dict:
@@ -211,19 +238,24 @@ def _qk_norm_supports(positions, q, k, v, q_weight, k_weight, eps, weight_offset
 qk_norm_rotary_store_kv.supports = _qk_norm_supports
 
 
-def _launch_gated(x: torch.Tensor, activation: str, sums: bool | None):
-    flat = _rows(x)
-    cols = flat.shape[1] // 2
-    out = torch.empty(flat.shape[0], cols, dtype=x.dtype, device=x.device)
-    words, scales, block_sums = _int8_outputs(flat.shape[0], cols, sums, x.device)
+def _launch_gated(x: torch.Tensor, activation: str, sums: bool | None, dtype: torch.dtype | None = None):
+    """``gated_activation_kernel`` over x's rows: ``(out, words, scales, block sums)``. With ``dtype``, x holds
+    split-K partial sums ``[S, rows, 2 cols]`` float32 (``kernels/split_sums``) whose total, in ``dtype``, is the
+    input."""
+    splits = 1 if dtype is None else x.shape[0]
+    flat = _rows(x) if dtype is None else x
+    shape = x.shape[:-1] if dtype is None else x.shape[1:-1]
+    rows, cols = flat.shape[-2], flat.shape[-1] // 2
+    out = torch.empty(rows, cols, dtype=dtype or x.dtype, device=x.device)
+    words, scales, block_sums = _int8_outputs(rows, cols, sums, x.device)
     block = min(1024, triton.next_power_of_2(cols))
-    if flat.shape[0]:
-        gated_activation_kernel[(flat.shape[0], triton.cdiv(cols, block))](
-            flat, out, cols, flat.stride(0), out.stride(0), ACT=ACTIVATION_CODES[activation], BLOCK=block,
+    if rows:
+        gated_activation_kernel[(rows, triton.cdiv(cols, block))](
+            flat, out, cols, flat.stride(-2), out.stride(0), ACT=ACTIVATION_CODES[activation], BLOCK=block,
             q_ptr=None if words is None else words.view(torch.int8), d_ptr=scales,
             s_ptr=block_sums if block_sums is not None else scales, QUANT=sums is not None, SUMS=bool(sums),
-            num_warps=4, **launch_options(x.device))
-    return out.view(*x.shape[:-1], cols), words, scales, block_sums
+            SPLITS=splits, stride_split=flat.stride(0) if splits > 1 else 0, num_warps=4, **launch_options(x.device))
+    return out.view(*shape, cols), words, scales, block_sums
 
 
 def gated_activation(x: torch.Tensor, activation: str) -> torch.Tensor:
@@ -243,7 +275,18 @@ def gated_activation_int8(x: torch.Tensor, activation: str, sums: bool):
 gated_activation_int8.supports = lambda x, activation, sums: (
     gated_activation.supports(x, activation) and x.shape[-1] % 64 == 0)
 
+
+def gated_activation_splits(parts: torch.Tensor, dtype: torch.dtype, activation: str, sums: bool | None):
+    """The reference's ``gated_activation_splits`` in one kernel: the partials added as the kernel loads them."""
+    return _launch_gated(parts, activation, sums, dtype)
+
+
+gated_activation_splits.supports = lambda parts, dtype, activation, sums: (
+    _parts_ok(parts, tuple(parts.shape[1:])) and dtype in DTYPES and activation in ACTIVATION_CODES
+    and parts.shape[-1] % (2 if sums is None else 64) == 0)
+
 OPS = {"rms_norm": rms_norm, "add_rms_norm": add_rms_norm, "rotary_qk": rotary_qk,
        "rotary_store_kv": rotary_store_kv, "qk_norm_rotary_store_kv": qk_norm_rotary_store_kv,
        "gated_activation": gated_activation, "rms_norm_int8": rms_norm_int8, "add_rms_norm_int8": add_rms_norm_int8,
-       "gated_activation_int8": gated_activation_int8}
+       "gated_activation_int8": gated_activation_int8, "sum_splits": sum_splits,
+       "add_rms_norm_splits": add_rms_norm_splits, "gated_activation_splits": gated_activation_splits}

@@ -20,6 +20,7 @@ import triton.language as tl
 
 from ..triton_int8 import store_int8_blocks
 from ..triton_pdl import wait_for_previous
+from ..triton_reduce import load_summed
 
 try:  # Triton >= 3.0
     from triton.language.extra import libdevice
@@ -33,9 +34,10 @@ LIBDEVICE = tl.constexpr(os.environ.get("TRITON_INTERPRET") != "1")  # the inter
 def rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, sum_ptr, n_cols, stride_x, stride_res, stride_out, stride_sum,
                     eps, offset, HAS_RESIDUAL: tl.constexpr, HAS_OFFSET: tl.constexpr, BLOCK: tl.constexpr,
                     q_ptr=None, d_ptr=None, s_ptr=None, QUANT: tl.constexpr = False, SUMS: tl.constexpr = False,
-                    PDL: tl.constexpr = False):
-    """One row per program: ``s = x (+ residual)`` (rounded to x's dtype and stored if a residual
-    is given), ``out = s / rms(s) * w`` (``* (offset + w)`` with an offset).
+                    SPLITS: tl.constexpr = 1, stride_split=0, PDL: tl.constexpr = False):
+    """One row per program: ``s = x (+ residual)`` (rounded to out's dtype and stored if a residual
+    is given), ``out = s / rms(s) * w`` (``* (offset + w)`` with an offset). ``SPLITS`` > 1: x is a split-K
+    matmul's float32 partial sums, ``stride_split`` apart (``triton_reduce.load_summed``).
 
     With ``QUANT`` the stored ``out`` is also rounded to int8 blocks of 32 (``triton_int8``): int8
     ``q [rows, n_cols]``, float32 scales and (``SUMS``) block sums ``[rows, n_cols / 32]``, contiguous.
@@ -45,7 +47,8 @@ def rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, sum_ptr, n_cols, stride_x, s
     mask = cols < n_cols
     w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
     wait_for_previous(PDL)
-    x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0)
+    dtype = out_ptr.dtype.element_ty
+    x = load_summed(x_ptr + row * stride_x + cols, mask, SPLITS, stride_split, dtype)
     if HAS_RESIDUAL:
         x = x + tl.load(res_ptr + row * stride_res + cols, mask=mask, other=0.0)
         tl.store(sum_ptr + row * stride_sum + cols, x, mask=mask)
@@ -54,8 +57,8 @@ def rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, sum_ptr, n_cols, stride_x, s
     if HAS_OFFSET:  # Gemma: (offset + w) in float32, one rounding at the end (as the reference)
         out = xf * inv * (offset + w)
     else:  # Llama: the normalised value is rounded to x's dtype before the weight multiplies it
-        out = (xf * inv).to(x_ptr.dtype.element_ty).to(tl.float32) * w
-    out = out.to(out_ptr.dtype.element_ty)
+        out = (xf * inv).to(dtype).to(tl.float32) * w
+    out = out.to(dtype)
     tl.store(out_ptr + row * stride_out + cols, out, mask=mask)
     if QUANT:  # the blocks of what was stored (masked columns are zeros: whole blocks past n_cols stay unwritten)
         blocks = n_cols // 32
@@ -171,16 +174,19 @@ def rotary_heads_kernel(pos_ptr, inv_freq_ptr, slot_ptr, q_ptr, k_ptr, v_ptr, q_
 @triton.jit
 def gated_activation_kernel(x_ptr, out_ptr, n_cols, stride_x, stride_out, ACT: tl.constexpr, BLOCK: tl.constexpr,
                             q_ptr=None, d_ptr=None, s_ptr=None, QUANT: tl.constexpr = False,
-                            SUMS: tl.constexpr = False, PDL: tl.constexpr = False):
+                            SUMS: tl.constexpr = False, SPLITS: tl.constexpr = 1, stride_split=0,
+                            PDL: tl.constexpr = False):
     """``out[r, c] = act(x[r, c]) * x[r, n_cols + c]``; ACT 0 = silu, 1 = gelu (tanh approximation),
     2 = gelu (erf). Grid: (rows, column blocks). ``QUANT``/``SUMS``: the output's int8 blocks as in
-    ``rms_norm_kernel`` (``BLOCK`` a multiple of 32). ``PDL``: ``triton_pdl``."""
+    ``rms_norm_kernel`` (``BLOCK`` a multiple of 32). ``SPLITS`` > 1: x is a split-K matmul's float32 partial
+    sums, ``stride_split`` apart (``triton_reduce.load_summed``). ``PDL``: ``triton_pdl``."""
     wait_for_previous(PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < n_cols
-    gate = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
-    up = tl.load(x_ptr + row * stride_x + n_cols + cols, mask=mask, other=0.0)
+    dtype = out_ptr.dtype.element_ty
+    gate = load_summed(x_ptr + row * stride_x + cols, mask, SPLITS, stride_split, dtype).to(tl.float32)
+    up = load_summed(x_ptr + row * stride_x + n_cols + cols, mask, SPLITS, stride_split, dtype)
     if ACT == 0:
         act = gate / (1.0 + tl.exp(-gate))
     elif ACT == 1:
@@ -188,8 +194,8 @@ def gated_activation_kernel(x_ptr, out_ptr, n_cols, stride_x, stride_out, ACT: t
     else:
         act = 0.5 * gate * (1.0 + libdevice.erf(gate * 0.7071067811865476))
     # the reference rounds act(gate) to x's dtype before the product
-    act = act.to(x_ptr.dtype.element_ty).to(tl.float32)
-    out = (act * up.to(tl.float32)).to(out_ptr.dtype.element_ty)
+    act = act.to(dtype).to(tl.float32)
+    out = (act * up.to(tl.float32)).to(dtype)
     tl.store(out_ptr + row * stride_out + cols, out, mask=mask)
     if QUANT:
         blocks = n_cols // 32

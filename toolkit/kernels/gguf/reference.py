@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import torch
 
+from .. import runtime
 from . import iquants, kquants, legacy
 from .types import block_size, check_packed, type_name, type_size
 
@@ -54,10 +55,17 @@ def gguf_embedding(ids: torch.Tensor, data: torch.Tensor, qtype: int, cols: int,
     return gguf_dequantize(rows, qtype, cols, dtype).reshape(*ids.shape, cols)
 
 
+def gguf_matmul_unreduced(x: torch.Tensor, data: torch.Tensor, qtype: int, cols: int) -> torch.Tensor:
+    """``gguf_matmul`` for a caller that can add split-K partial sums itself (``kernels/split_sums.py``). No kernel
+    here splits K: the plain op's result, from whichever implementation serves ``gguf_matmul`` (the chunked CPU
+    matmul on a CPU)."""
+    return runtime.call("gguf_matmul", x, data, qtype, cols)
+
+
 def gguf_int8_input(data: torch.Tensor, qtype: int, cols: int, tokens: int) -> None:
     """What ``gguf_matmul`` reads besides x (``kernels/int8_blocks.py``): nothing here, it takes x as it is."""
     return None
 
 
 __all__ = ["SUPPORTED_TYPES", "block_size", "dequantize_float32", "gguf_dequantize", "gguf_embedding",
-           "gguf_int8_input", "gguf_matmul", "is_supported", "type_size"]
+           "gguf_int8_input", "gguf_matmul", "gguf_matmul_unreduced", "is_supported", "type_size"]

@@ -40,6 +40,7 @@ from ..int8_blocks import Int8Blocks, Int8Input, attached
 from ..launch import l2_bytes, num_sms, split_k
 from ..launch import tile_width as _tile_width  # the MoE kernels import it from here
 from ..triton_pdl import launch_options
+from ..split_sums import SplitSums
 from ..triton_reduce import finish_splits, split_output
 
 # Scale sub-block per type: the tile width must be a multiple of it.
@@ -234,10 +235,11 @@ def quantize_activations(x: torch.Tensor, sums: bool = False):
 
 
 def dp4a_tokens_matmul(x: torch.Tensor, data: torch.Tensor, qtype: int, cols: int,
-                       config: GemvConfig | None = None) -> torch.Tensor:
+                       config: GemvConfig | None = None, unreduced: bool = False) -> torch.Tensor:
     """``x [T, cols] @ W.T`` for ``T <= 8`` with the token-unrolled dp4a GEMV (``triton_gemv_tokens``):
     each program reads ``BN`` rows once for all T tokens; ``[T, rows]`` in x's dtype. ``config.bm`` is
-    ignored (the kernel unrolls T rounded up to a power of two)."""
+    ignored (the kernel unrolls T rounded up to a power of two). ``unreduced``: split-K partial sums returned as
+    they are (``triton_reduce.finish_splits``)."""
     name = type_name(qtype)
     tokens, rows, step = x.shape[0], data.shape[0], DP4A_STEP[name]
     config = config or tokens_config(name, tokens, rows, cols)
@@ -254,7 +256,7 @@ def dp4a_tokens_matmul(x: torch.Tensor, data: torch.Tensor, qtype: int, cols: in
         data.stride(0), QTYPE=int(qtype), TS=type_size(qtype), BM=triton.next_power_of_2(tokens), BN=config.bn,
         BK=bk, DP4A=_HARDWARE_DP4A, EVICT=eviction(WEIGHT_EVICTION, name), num_warps=config.num_warps,
         num_stages=config.num_stages, **launch_options(x.device))
-    return finish_splits(out, x.dtype)
+    return finish_splits(out, x.dtype, unreduced)
 
 
 def _dp4a_ok(data: torch.Tensor, qtype: int, cols: int) -> bool:
@@ -266,11 +268,11 @@ def _dp4a_ok(data: torch.Tensor, qtype: int, cols: int) -> bool:
 
 def mmq_matmul(x: torch.Tensor, data: torch.Tensor, qtype: int, cols: int, bm: int | None = None,
                bn: int | None = None, num_warps: int | None = None, split: int | None = None,
-               num_stages: int | None = None) -> torch.Tensor:
+               num_stages: int | None = None, unreduced: bool = False) -> torch.Tensor:
     """``x [T, cols] @ W.T`` on int8 tensor cores (``triton_mmq``): 8-bit activations in blocks of 32;
     ``[T, rows]`` in x's dtype. ``bm``: tokens per program (default: T rounded up, 16 to 64; from 8 for the
-    ``MMQ_ROWS_FIRST`` types); ``bn``,
-    ``num_warps``, ``num_stages`` and ``split`` (K splits) default to ``mmq_config``'s launch."""
+    ``MMQ_ROWS_FIRST`` types); ``bn``, ``num_warps``, ``num_stages`` and ``split`` (K splits) default to
+    ``mmq_config``'s launch. ``unreduced``: split-K partial sums returned as they are (``finish_splits``)."""
     tokens, rows = x.shape[0], data.shape[0]
     name = type_name(qtype)
     config = mmq_config(name)
@@ -290,7 +292,7 @@ def mmq_matmul(x: torch.Tensor, data: torch.Tensor, qtype: int, cols: int, bm: i
         quants, scales, sums, data, out, tokens, rows, cols, cols // split, data.stride(0), out.stride(1),
         out.stride(0), QTYPE=int(qtype), TS=type_size(qtype), BM=bm, BN=bn, EVICT=eviction(MMQ_EVICTION, name),
         ROWS_FIRST=rows_first, num_warps=num_warps, num_stages=num_stages, **launch_options(x.device))
-    return finish_splits(out, x.dtype)
+    return finish_splits(out, x.dtype, unreduced)
 
 
 def mmq_activations(x: torch.Tensor, name: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -359,26 +361,36 @@ def gguf_int8_input(data: torch.Tensor, qtype: int, cols: int, tokens: int) -> I
 gguf_int8_input.supports = lambda data, qtype, cols, tokens: _packed_ok(data, qtype, cols)
 
 
-def gguf_matmul(x: torch.Tensor, data: torch.Tensor, qtype: int, cols: int) -> torch.Tensor:
+def gguf_matmul(x: torch.Tensor, data: torch.Tensor, qtype: int, cols: int,
+                unreduced: bool = False) -> torch.Tensor | SplitSums:
+    """``x @ W.T``; ``unreduced`` (x 2-D): where the kernel splits K, its partial sums as ``SplitSums``."""
     # x itself when it is already [T, cols] and contiguous, so that blocks attached to it are found
     flat = x if x.dim() == 2 and x.is_contiguous() else x.reshape(-1, cols).contiguous()
     tokens = flat.shape[0]
     if dot16_takes(data, qtype, cols, tokens):
-        out = dot16_matmul(flat, data, qtype, cols)
+        out = dot16_matmul(flat, data, qtype, cols, unreduced=unreduced)
     elif (int8_kernel := _int8_kernel(data, qtype, cols, tokens)) is not None:
-        out = int8_kernel(flat, data, qtype, cols)
+        out = int8_kernel(flat, data, qtype, cols, unreduced=unreduced)
     elif tokens == 1:
         out = fused_matmul(flat, data, qtype, cols, DECODE_CONFIG_BY_TYPE.get(type_name(qtype), DECODE_CONFIG))
     elif tokens <= FUSED_MAX_TOKENS:
         out = fused_matmul(flat, data, qtype, cols, SMALL_BATCH_CONFIG)
     else:
         out = flat @ gguf_dequantize(data, qtype, cols, x.dtype).T
-    return out.reshape(*x.shape[:-1], data.shape[0])
+    return out if isinstance(out, SplitSums) else out.reshape(*x.shape[:-1], data.shape[0])
 
 
 gguf_matmul.supports = lambda x, data, qtype, cols: (
     _packed_ok(data, qtype, cols) and x.is_cuda and x.dtype in (torch.float16, torch.bfloat16)
     and x.shape[-1] == cols)
+
+
+def gguf_matmul_unreduced(x: torch.Tensor, data: torch.Tensor, qtype: int, cols: int) -> torch.Tensor | SplitSums:
+    """``gguf_matmul`` of a 2-D x for a caller whose next op adds split-K partial sums (``kernels/split_sums``)."""
+    return gguf_matmul(x, data, qtype, cols, unreduced=True)
+
+
+gguf_matmul_unreduced.supports = lambda x, data, qtype, cols: gguf_matmul.supports(x, data, qtype, cols) and x.dim() == 2
 
 
 def gguf_embedding(ids: torch.Tensor, data: torch.Tensor, qtype: int, cols: int,
@@ -391,4 +403,4 @@ gguf_embedding.supports = lambda ids, data, qtype, cols, dtype: (
     gguf_dequantize.supports(data, qtype, cols, dtype) and ids.is_cuda)
 
 OPS = {"gguf_dequantize": gguf_dequantize, "gguf_matmul": gguf_matmul, "gguf_embedding": gguf_embedding,
-       "gguf_int8_input": gguf_int8_input}
+       "gguf_int8_input": gguf_int8_input, "gguf_matmul_unreduced": gguf_matmul_unreduced}

@@ -18,6 +18,7 @@ from toolkit.core.layers import (Attention, AttentionMetadata, MergedColumnParal
 from toolkit.core.parallel import ParallelContext
 from toolkit.core.quant import QuantScheme
 from toolkit.kernels.int8_blocks import gated, requested
+from toolkit.kernels.split_sums import SplitSums, reduced
 
 PACKED_MODULES = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
 
@@ -62,11 +63,15 @@ class DecoderAttention(nn.Module):
         """What the block reads of its input (the q/k/v projection's need; ``kernels/int8_blocks.py``)."""
         return self.qkv_proj.int8_input(tokens)
 
-    def forward(self, positions: torch.Tensor, hidden: torch.Tensor, attn: AttentionMetadata) -> torch.Tensor:
+    def forward(self, positions: torch.Tensor, hidden: torch.Tensor, attn: AttentionMetadata,
+                unreduced: bool = False) -> torch.Tensor | SplitSums:
+        """The block's output; ``unreduced``: the caller's next op (``RMSNorm.forward_add``) takes the output
+        projection's split-K partial sums (``kernels/split_sums.py``)."""
         q, k, v = self.qkv_proj.split(self.qkv_proj(hidden))
         # the q/k norms and rotary run inside attention: with a KV cache, in the one op that stores k and v
         qk_norm = (self.q_norm, self.k_norm) if self.qk_norm else None
-        return self.o_proj(self.attn(q, k, v, attn, rotary=self.rotary, positions=positions, qk_norm=qk_norm))
+        return self.o_proj(self.attn(q, k, v, attn, rotary=self.rotary, positions=positions, qk_norm=qk_norm),
+                           unreduced=unreduced)
 
 
 class GatedMLP(nn.Module):
@@ -86,12 +91,15 @@ class GatedMLP(nn.Module):
         """What the block reads of its input (the gate/up projection's need; ``kernels/int8_blocks.py``)."""
         return self.gate_up_proj.int8_input(tokens)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # act(gate) * up as one op (one kernel on CUDA instead of an activation and a product), writing the
-        # int8 blocks the down projection reads where it reads them
+    def forward(self, x: torch.Tensor, unreduced: bool = False) -> torch.Tensor | SplitSums:
+        """The block's output; ``unreduced``: the caller's next op takes the down projection's split-K partial
+        sums (``kernels/split_sums.py``)."""
+        # act(gate) * up as one op (one kernel on CUDA instead of an activation and a product), adding the gate/up
+        # projection's split-K partial sums as it reads them and writing the int8 blocks the down projection
+        # reads where it reads them
         tokens = x.numel() // x.shape[-1]
-        return self.down_proj(gated(self.gate_up_proj(x), self.activation,
-                                    requested(self.down_proj, tokens)))
+        return self.down_proj(gated(self.gate_up_proj(x, unreduced=True), self.activation,
+                                    requested(self.down_proj, tokens)), unreduced=unreduced)
 
 
 def add_norm(norm: RMSNorm, hidden: torch.Tensor, residual: torch.Tensor | None,
@@ -104,6 +112,7 @@ def add_norm(norm: RMSNorm, hidden: torch.Tensor, residual: torch.Tensor | None,
     last); the sum is rounded to the activation dtype exactly as a separate add would round it.
     """
     if residual is None:
+        hidden = reduced(hidden)
         return norm(hidden, feeds), hidden
     return norm.forward_add(hidden, residual, feeds)
 
@@ -111,8 +120,9 @@ def add_norm(norm: RMSNorm, hidden: torch.Tensor, residual: torch.Tensor | None,
 class LlamaDecoderLayer(nn.Module):
     """Pre-norm block: x + attn(norm(x)), then x + mlp(norm(x)).
 
-    ``forward(positions, hidden, residual, attn) -> (hidden, residual)``: the block's output and
-    the residual stream it has not yet been added to (see ``add_norm``).
+    ``forward(positions, hidden, residual, attn) -> (hidden, residual)``: the block's output (a tensor, or
+    split-K partial sums, ``kernels/split_sums.py``) and the residual stream it has not yet been added to (see
+    ``add_norm``).
     """
 
     def __init__(self, config: ModelConfig, options: AttentionOptions, *, quant, parallel, prefix: str):
@@ -124,10 +134,13 @@ class LlamaDecoderLayer(nn.Module):
         self.mlp = GatedMLP(config, quant=quant, parallel=parallel, prefix=f"{prefix}.mlp")
 
     def forward(self, positions, hidden, residual, attn):
+        # both blocks hand their last projection's split-K partial sums on (``kernels/split_sums.py``): the next
+        # norm's residual add takes them (this layer's post-attention norm, the next layer's input norm, or the
+        # model's final norm)
         normed, residual = add_norm(self.input_layernorm, hidden, residual, self.self_attn)
-        attended = self.self_attn(positions, normed, attn)
+        attended = self.self_attn(positions, normed, attn, unreduced=True)
         normed, residual = self.post_attention_layernorm.forward_add(attended, residual, self.mlp)
-        return self.mlp(normed), residual
+        return self.mlp(normed, unreduced=True), residual
 
 
 class DecoderModel(nn.Module):

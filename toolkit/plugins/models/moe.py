@@ -114,7 +114,7 @@ class MoEDecoderLayer(nn.Module):
     def forward(self, positions, hidden, residual, attn):
         """``-> (hidden, residual)`` as ``LlamaDecoderLayer.forward``."""
         normed, residual = add_norm(self.input_layernorm, hidden, residual, self.self_attn)
-        attended = self.self_attn(positions, normed, attn)
+        attended = self.self_attn(positions, normed, attn, unreduced=True)     # the norm adds split-K sums
         normed, residual = self.post_attention_layernorm.forward_add(attended, residual, self.mlp)
         return self.mlp(normed), residual
 

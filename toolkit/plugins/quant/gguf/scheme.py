@@ -13,6 +13,7 @@ from torch import nn
 from toolkit.core.errors import ToolkitError
 from toolkit.kernels import runtime
 from toolkit.kernels.int8_blocks import Int8Input, merge
+from toolkit.kernels.split_sums import SplitSums
 
 from .params import GGUFParameter, Segment
 
@@ -52,6 +53,17 @@ class GGUFScheme:
         if bias is not None:
             out = out + bias
         return out if x.dim() == 2 else out.reshape(*x.shape[:-1], rows)
+
+    def apply_unreduced(self, layer: nn.Module, x: torch.Tensor) -> torch.Tensor | SplitSums:
+        """``apply`` without a bias, for a caller whose next op adds split-K partial sums itself
+        (``kernels/split_sums.py``): a one-type weight's kernel may return them (``gguf_matmul_unreduced``)."""
+        weight: GGUFParameter = layer.weight
+        rows, cols = weight.logical_shape
+        segments = weight.packed_segments()
+        if (x.dim() != 2 or x.shape[1] != cols or x.dtype != self.params_dtype or len(segments) != 1
+                or segments[0][0].row_start != 0 or segments[0][0].rows != rows):
+            return self.apply(layer, x)
+        return runtime.call("gguf_matmul_unreduced", x, segments[0][1], segments[0][0].qtype, cols)
 
     def int8_input(self, layer: nn.Module, tokens: int) -> Int8Input | None:
         """The int8 blocks ``apply``'s matmuls read for ``tokens`` rows (every segment's need merged), or None."""
