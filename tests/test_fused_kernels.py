@@ -164,6 +164,45 @@ def test_split_sum_consumers_match_the_two_launches(ops, dtype, splits, sums, ac
     assert rel_err(got[0], reference.gated_activation(x, activation)) < TOL[dtype]
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("norm", [None, 0.0, 1.0])
+@pytest.mark.parametrize("v_split", [True, False])
+def test_rotary_store_adds_qkv_partials_as_the_two_launches_do(ops, dtype, norm, v_split):
+    """``rotary_store_kv_splits`` (a fused qkv projection's partials: q, k and v column ranges of one ``[S, T, N]``,
+    or v another matmul's plain output), compiled: bit for bit the separate sums followed by
+    ``(qk_norm_)rotary_store_kv``, within tolerance of the torch reference."""
+    heads, kv_heads, head_dim, tokens = 12, 2, 128, 8
+    sizes = [heads * head_dim, kv_heads * head_dim, kv_heads * head_dim]
+    gen = torch.Generator(device="cuda").manual_seed(3 + v_split)
+    qkv = torch.randn(4, tokens, sum(sizes), generator=gen, device="cuda")
+    q, k, v = qkv.split(sizes, dim=-1)
+    if not v_split:
+        v = ops.sum_splits(v, dtype).unsqueeze(0)
+    weights = None if norm is None else (*((1 + 0.3 * torch.randn(head_dim, generator=gen, device="cuda")).to(dtype)
+                                           for _ in range(2)), 1e-6, norm)
+    positions = torch.arange(tokens, device="cuda") * 97
+    slots = torch.tensor([3, -1, 40, 41, 7, 100, 63, 0], device="cuda")
+    inv_freq = 1.0 / (500000 ** (torch.arange(0, head_dim, 2, device="cuda").float() / head_dim))
+    mine = [torch.zeros(8, 16, kv_heads, head_dim, dtype=dtype, device="cuda") for _ in range(2)]
+    theirs = [cache.clone() for cache in mine]
+    args = (positions, q, k, v, dtype, inv_freq, head_dim, head_dim)
+    assert ops.rotary_store_kv_splits.supports(*args, *mine, slots, weights)
+    got = ops.rotary_store_kv_splits(*args, *mine, slots, weights)
+    values = [ops.sum_splits(x, dtype) if x.shape[0] > 1 else x[0] for x in (q, k, v)]
+    if weights is None:
+        want = ops.rotary_store_kv(positions, *values, inv_freq, head_dim, head_dim, *theirs, slots)
+    else:
+        want = ops.qk_norm_rotary_store_kv(positions, *values, *weights, inv_freq, head_dim, head_dim, *theirs, slots)
+    assert torch.equal(got, want) and torch.equal(mine[0], theirs[0]) and torch.equal(mine[1], theirs[1])
+    q, k, v = values
+    if weights is not None:      # the torch references composed by hand (the runtime would pick these kernels)
+        q, k = (reference.rms_norm(x.reshape(tokens, -1, head_dim), w, 1e-6, norm).reshape(tokens, -1)
+                for x, w in ((q, weights[0]), (k, weights[1])))
+    expected = reference.rotary_store_kv(positions, q, k, v, inv_freq, head_dim, head_dim,
+                                         *[c.clone() for c in theirs], slots)
+    assert rel_err(got, expected) < TOL[dtype]
+
+
 def test_the_runtime_dispatches_cuda_calls_to_the_fused_kernels(ops):
     from toolkit.core.registry import default_registry  # noqa: PLC0415
     from toolkit.kernels import runtime  # noqa: PLC0415

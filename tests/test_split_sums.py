@@ -4,6 +4,9 @@
   sums wherever a caller asks (``apply_unreduced``) gives the same logits as transformers' own forward, and its
   o/gate-up/down projections were asked (so the norm and activation ops really added the partials). Oracle:
   transformers' modeling code.
+- With a KV cache (the engine), q/k/v handed on as partials too, one of them as ``Columns`` (a weight of two quant
+  types): greedy tokens equal transformers', and the rotary op that stores k and v received the partials.
+- ``split_columns`` cuts partials and column pieces as ``Tensor.split`` cuts their totals.
 - The consumer ops' references (``add_rms_norm_splits``, ``gated_activation_splits``) are the plain ops of the
   summed input. tests/test_split_sums_interpreter.py checks the Triton kernels, bit for bit against the two-launch
   path (the separate sum, then the plain kernel).
@@ -15,8 +18,10 @@ import torch
 
 import toolkit
 from hf_fixtures import VOCAB, save_hf_model
-from toolkit.kernels import reference
-from toolkit.kernels.split_sums import SplitSums, reduced
+from test_engine import hf_greedy, random_prompts
+from toolkit import LLM, SamplingParams
+from toolkit.kernels import reference, runtime
+from toolkit.kernels.split_sums import Columns, SplitSums, as_parts, reduced, split_columns
 
 
 def _thirds(x: torch.Tensor, weight: torch.Tensor) -> SplitSums:
@@ -46,8 +51,56 @@ def test_llama_layers_hand_on_split_sums(tmp_path):
         expected = expected_model(ids[None]).logits[0]
     assert (got - expected).abs().max().item() <= 1e-4
     layers = expected_model.config.num_hidden_layers
-    assert sorted(asked) == sorted(f"model.layers.{i}.{name}" for i in range(layers)
-                                   for name in ("self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj"))
+    assert sorted(asked) == sorted(f"model.layers.{i}.{name}" for i in range(layers) for name in
+                                   ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj"))
+
+
+def test_engine_hands_qkv_partials_to_the_rotary_store(tiny_llama, monkeypatch):
+    loaded = toolkit.load(tiny_llama.path, device="cpu")
+    scheme = loaded.scheme
+
+    def apply_unreduced(layer, x):
+        if not layer.prefix.endswith("qkv_proj"):
+            return _thirds(x, layer.weight)
+        # as a GGUF weight whose v rows have another quant type: q and k split-K partials, v a plain tensor
+        qk = sum(layer.output_partition_sizes[:2])
+        return Columns((_thirds(x, layer.weight[:qk]), (x.float() @ layer.weight[qk:].float().T).to(x.dtype)))
+
+    seen = []
+    call = runtime.call
+
+    def spy(name, *args):
+        if name == "rotary_store_kv_splits":
+            seen.append(tuple(parts.shape[0] for parts in args[1:4]))
+        return call(name, *args)
+
+    monkeypatch.setattr(runtime, "call", spy)
+    scheme.apply_unreduced = apply_unreduced
+    prompts = random_prompts([3, 17, 9])
+    greedy = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
+    try:
+        got = [out.token_ids for out in LLM(loaded, max_num_seqs=4).generate(prompts, greedy)]
+    finally:
+        del scheme.apply_unreduced
+    assert got == [hf_greedy(tiny_llama.reference, prompt, 6) for prompt in prompts]
+    assert seen and set(seen) == {(3, 3, 1)}      # q and k as three partials, v as itself
+
+
+def test_split_columns_cuts_as_the_totals_split():
+    gen = torch.Generator().manual_seed(2)
+    x, weight = torch.randn(4, 30, generator=gen), torch.randn(24, 30, generator=gen)
+    lazy = Columns((_thirds(x, weight[:14]), x @ weight[14:].T))
+    whole = reduced(lazy)
+    torch.testing.assert_close(whole, x @ weight.T, rtol=1e-5, atol=1e-5)
+    for sizes in ([8, 6, 10], [14, 10], [10, 8, 6]):      # the last: a cut across the two pieces
+        pieces = split_columns(lazy, sizes)
+        assert [tuple(piece.shape) for piece in pieces] == [(4, size) for size in sizes]
+        for piece, expected in zip(pieces, whole.split(sizes, dim=-1)):
+            assert torch.equal(reduced(piece), expected)
+    q, k, v = split_columns(lazy, [8, 6, 10])
+    assert isinstance(q, SplitSums) and isinstance(k, SplitSums) and isinstance(v, torch.Tensor)
+    assert as_parts(q).shape == (3, 4, 8) and as_parts(v).shape == (1, 4, 10)
+    assert [isinstance(piece, torch.Tensor) for piece in split_columns(lazy, [10, 8, 6])] == [False, True, True]
 
 
 def test_linear_layers_return_tensors_unless_asked(tmp_path):

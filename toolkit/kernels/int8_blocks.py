@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import torch
 
 from . import runtime
-from .split_sums import SplitSums
+from .split_sums import SplitSums, reduced
 
 _ATTRIBUTE = "_toolkit_int8_blocks"
 
@@ -108,7 +108,10 @@ def requested(consumer, tokens: int) -> Int8Input | None:
 def gated(x, activation: str, request: Int8Input | None) -> torch.Tensor:
     """``act(gate) * up`` (the ``gated_activation`` op), with its int8 blocks attached when ``request``
     asks for them (one kernel on CUDA: ``gated_activation_int8``). ``x``: a tensor, or a projection's split-K
-    partial sums (``split_sums.SplitSums``), added up in the same kernel (``gated_activation_splits``)."""
+    partial sums (``split_sums.SplitSums``), added up in the same kernel (``gated_activation_splits``), or
+    ``split_sums.Columns`` (reduced first)."""
+    if not isinstance(x, (torch.Tensor, SplitSums)):
+        x = reduced(x)
     if isinstance(x, SplitSums):
         out, *blocks = runtime.call("gated_activation_splits", x.parts, x.dtype, activation,
                                     None if request is None else request.sums)

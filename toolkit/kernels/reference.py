@@ -139,6 +139,21 @@ def qk_norm_rotary_store_kv(positions: torch.Tensor, q: torch.Tensor, k: torch.T
                         slot_mapping)
 
 
+def rotary_store_kv_splits(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                           dtype: torch.dtype, inv_freq: torch.Tensor, head_dim: int, rotary_dim: int,
+                           k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor,
+                           norm: tuple | None) -> torch.Tensor:
+    """``rotary_store_kv`` (``qk_norm_rotary_store_kv`` with ``norm = (q_weight, k_weight, eps, weight_offset)``)
+    of q, k and v given as partial sums ``[S, T, N]`` (``split_sums.as_parts``; S = 1 is the value itself), each
+    added up in ``dtype`` first; returns the rotated q."""
+    q, k, v = (sum_splits(parts, dtype) for parts in (q, k, v))
+    if norm is None:
+        return runtime.call("rotary_store_kv", positions, q, k, v, inv_freq, head_dim, rotary_dim, k_cache, v_cache,
+                            slot_mapping)
+    return runtime.call("qk_norm_rotary_store_kv", positions, q, k, v, *norm, inv_freq, head_dim, rotary_dim,
+                        k_cache, v_cache, slot_mapping)
+
+
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor,
            scale: float, sliding_window: int | None, softcap: float | None) -> torch.Tensor:
     """Causal (optionally windowed, soft-capped) attention for one sequence.
@@ -213,6 +228,7 @@ def register_kernels(register):
                      ("rms_norm_int8", rms_norm_int8), ("add_rms_norm_int8", add_rms_norm_int8),
                      ("gated_activation_int8", gated_activation_int8), ("sum_splits", sum_splits),
                      ("add_rms_norm_splits", add_rms_norm_splits), ("gated_activation_splits", gated_activation_splits),
+                     ("rotary_store_kv_splits", rotary_store_kv_splits),
                      ("rotary_qk", rotary_qk), ("rotary", rotary), ("store_kv", store_kv),
                      ("rotary_store_kv", rotary_store_kv), ("qk_norm_rotary_store_kv", qk_norm_rotary_store_kv),
                      ("varlen_attention", varlen_attention), ("paged_attention", paged_attention),

@@ -11,6 +11,9 @@ add with the next norm, the gated activation) reads its input once anyway: it ad
 - The consumer ops (``add_rms_norm_splits``, ``gated_activation_splits``) add ``parts`` in split order in float32
   and round the total to ``dtype``, as ``sum_splits`` writes it, then go on as their one-tensor ops do: the
   results are bit for bit those of the two launches.
+- A weight whose rows have several quant types answers with ``Columns``, one piece per type; ``split_columns`` cuts
+  a fused q/k/v output into its parts, each still lazy where it lies inside one piece. The rotary op that stores k
+  and v (``rotary_store_kv_splits``) adds q's, k's and v's partials as it loads them.
 - Anything else takes ``reduced(x)``.
 """
 from __future__ import annotations
@@ -38,9 +41,59 @@ class SplitSums:
         return runtime.call("sum_splits", self.parts, self.dtype)
 
 
-def reduced(x: torch.Tensor | SplitSums) -> torch.Tensor:
-    """``x`` as a tensor: split sums added up, a tensor as it is."""
+@dataclass(frozen=True)
+class Columns:
+    """A layer's output computed in column ranges side by side (a weight whose rows have several quant types, one
+    matmul each): ``pieces`` of ``[T, N_i]``, each a tensor or ``SplitSums``, together ``[T, sum N_i]``."""
+
+    pieces: tuple
+
+    @property
+    def shape(self) -> torch.Size:
+        return torch.Size((self.pieces[0].shape[0], sum(piece.shape[1] for piece in self.pieces)))
+
+
+def reduced(x: torch.Tensor | SplitSums | Columns) -> torch.Tensor:
+    """``x`` as a tensor: split sums added up, column pieces side by side, a tensor as it is."""
+    if isinstance(x, Columns):
+        pieces = [reduced(piece) for piece in x.pieces]
+        return pieces[0] if len(pieces) == 1 else torch.cat(pieces, dim=-1)
     return x.total() if isinstance(x, SplitSums) else x
+
+
+def split_columns(x: torch.Tensor | SplitSums | Columns, sizes: list[int]) -> tuple:
+    """``x`` cut into consecutive column ranges of ``sizes`` (as ``Tensor.split(sizes, -1)``), each as lazy as it
+    can stay: a range of a ``SplitSums`` is the same columns of its partials, a range inside one piece of
+    ``Columns`` is that piece's; a range across pieces is cut from the reduced whole."""
+    if isinstance(x, torch.Tensor):
+        return x.split(sizes, dim=-1)
+    bounds, start = [], 0
+    for piece in x.pieces if isinstance(x, Columns) else (x,):
+        bounds.append((start, start + piece.shape[1], piece))
+        start += piece.shape[1]
+    out, start, whole = [], 0, None
+    for size in sizes:
+        inside = [(lo, piece) for lo, hi, piece in bounds if lo <= start and start + size <= hi]
+        if inside:
+            lo, piece = inside[0]
+            out.append(_narrow(piece, start - lo, size))
+        else:
+            whole = reduced(x) if whole is None else whole
+            out.append(whole[:, start:start + size])
+        start += size
+    return tuple(out)
+
+
+def _narrow(x: torch.Tensor | SplitSums, start: int, size: int) -> torch.Tensor | SplitSums:
+    if isinstance(x, SplitSums):
+        return SplitSums(x.parts[:, :, start:start + size], x.dtype)
+    return x[:, start:start + size]
+
+
+def as_parts(x: torch.Tensor | SplitSums) -> torch.Tensor:
+    """``x`` as partials ``[S, T, N]`` for a kernel that adds them (``triton_reduce.load_summed``): a tensor is its
+    own single part (S = 1, in its own dtype)."""
+    return x.parts if isinstance(x, SplitSums) else x.unsqueeze(0)
 
 
 def sum_splits_reference(parts: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from ...kernels import runtime
+from ...kernels.split_sums import SplitSums, reduced
 from .rotary import RotaryEmbedding
 
 
@@ -76,13 +77,17 @@ class Attention(nn.Module):
         self.k_cache: torch.Tensor | None = None
         self.v_cache: torch.Tensor | None = None
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn: AttentionMetadata, *,
-                rotary: RotaryEmbedding | None = None, positions: torch.Tensor | None = None,
+    def forward(self, q: torch.Tensor | SplitSums, k: torch.Tensor | SplitSums, v: torch.Tensor | SplitSums,
+                attn: AttentionMetadata, *, rotary: RotaryEmbedding | None = None,
+                positions: torch.Tensor | None = None,
                 qk_norm: tuple[nn.Module, nn.Module] | None = None) -> torch.Tensor:
         """q: [T, heads * head_dim], k and v: [T, kv_heads * head_dim]; returns [T, heads * head_dim].
-        ``qk_norm``: (q_norm, k_norm) RMSNorms over each head's features, applied before the rotation."""
+        ``qk_norm``: (q_norm, k_norm) RMSNorms over each head's features, applied before the rotation.
+        q, k and v may be a projection's split-K partial sums (``kernels/split_sums.py``)."""
         tokens = q.shape[0]
         cached = attn.slot_mapping is not None and self.k_cache is not None
+        if not (cached and rotary is not None):     # only the rotary op that stores k and v adds split sums
+            q, k, v = reduced(q), reduced(k), reduced(v)
         if qk_norm is not None and not (cached and rotary is not None):  # else the fused op below applies them
             q = qk_norm[0](q.reshape(tokens, -1, self.head_dim)).reshape(tokens, -1)
             k = qk_norm[1](k.reshape(tokens, -1, self.head_dim)).reshape(tokens, -1)

@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from ...kernels.int8_blocks import scheme_request
-from ...kernels.split_sums import SplitSums
+from ...kernels.split_sums import Columns, SplitSums, split_columns
 from ..params import ModelParameter, require_divisible
 from ..parallel import ParallelContext
 from ..quant import QuantScheme
@@ -132,8 +132,9 @@ class QKVParallelLinear(LinearBase):
                                            shard_offset=sum(self.output_partition_sizes[:shard_id]),
                                            shard_size=self.output_partition_sizes[shard_id], source_rank=source_rank)
 
-    def split(self, qkv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        return qkv.split(self.output_partition_sizes, dim=-1)
+    def split(self, qkv: torch.Tensor | SplitSums | Columns) -> tuple:
+        """``(q, k, v)`` of the fused output; of split-K partial sums, each part's partials (``split_columns``)."""
+        return split_columns(qkv, self.output_partition_sizes)
 
 
 class RowParallelLinear(LinearBase):

@@ -2,8 +2,9 @@
 
 ``feeds``: the module the normalised output goes to (a linear layer, an attention or MLP block). When it
 reads activations rounded to int8 blocks (``int8_input``, see ``kernels/int8_blocks.py``: some quantized decode
-kernels), the norm's kernel writes them too and they travel with the output, saving the consumer a launch. ``forward_add`` also takes a projection's output as split-K partial sums
-(``kernels/split_sums.py``) and adds them in its kernel, saving their own launch.
+kernels), the norm's kernel writes them too and they travel with the output, saving the consumer a launch.
+``forward_add`` also takes a projection's output as split-K partial sums (``kernels/split_sums.py``) and adds
+them in its kernel, saving their own launch.
 """
 from __future__ import annotations
 
@@ -36,6 +37,8 @@ class RMSNorm(nn.Module):
         """``(norm(x + residual), x + residual)`` as one op (a pre-norm block's residual add); ``x`` may be split
         sums (``kernels/split_sums.py``), added up in the same op."""
         request = requested(feeds, residual.numel() // residual.shape[-1])
+        if not isinstance(x, (torch.Tensor, SplitSums)):
+            x = reduced(x)                          # column pieces of a several-type weight
         if isinstance(x, SplitSums):
             out, total, *blocks = runtime.call("add_rms_norm_splits", x.parts, residual, self.weight, self.eps,
                                                self.weight_offset, None if request is None else request.sums)

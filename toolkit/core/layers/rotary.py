@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from ...kernels import runtime
+from ...kernels.split_sums import SplitSums, as_parts
 from ..errors import InvalidConfigError
 
 # rope_type -> the scaling keys it needs (each a positive number); config_checks validates against this
@@ -67,14 +68,22 @@ class RotaryEmbedding(nn.Module):
         """q: [tokens, heads * head_dim], k: [tokens, kv_heads * head_dim]; returns rotated copies."""
         return runtime.call("rotary_qk", positions, q, k, self.inv_freq, self.head_dim, self.rotary_dim)
 
-    def forward_store(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                      k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor,
-                      qk_norm: tuple[nn.Module, nn.Module] | None = None) -> torch.Tensor:
+    def forward_store(self, positions: torch.Tensor, q: torch.Tensor | SplitSums, k: torch.Tensor | SplitSums,
+                      v: torch.Tensor | SplitSums, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                      slot_mapping: torch.Tensor, qk_norm: tuple[nn.Module, nn.Module] | None = None) -> torch.Tensor:
         """Rotated q, with the rotated k and v written into paged caches at ``slot_mapping``, as one op
         (a kernel launch fewer than rotating, then storing). v: [tokens, kv_heads * head_dim].
 
         ``qk_norm``: per-head RMSNorms (``q_norm``, ``k_norm``, sharing eps and weight offset) applied
-        to q and k first, in the same op (on CUDA the same kernel)."""
+        to q and k first, in the same op (on CUDA the same kernel). q, k and v may be a projection's split-K
+        partial sums (``kernels/split_sums.py``), added up in the same op too."""
+        split = [x for x in (q, k, v) if isinstance(x, SplitSums)]
+        if split:
+            norm = None if qk_norm is None else (qk_norm[0].weight, qk_norm[1].weight, qk_norm[0].eps,
+                                                 qk_norm[0].weight_offset)
+            return runtime.call("rotary_store_kv_splits", positions, as_parts(q), as_parts(k), as_parts(v),
+                                split[0].dtype, self.inv_freq, self.head_dim, self.rotary_dim, k_cache, v_cache,
+                                slot_mapping, norm)
         if qk_norm is None:
             return runtime.call("rotary_store_kv", positions, q, k, v, self.inv_freq, self.head_dim, self.rotary_dim,
                                 k_cache, v_cache, slot_mapping)

@@ -13,7 +13,7 @@ from ..triton_support import lazy_ops
 PRIORITY = 10
 TRITON_OPS = ("rms_norm", "add_rms_norm", "rotary_qk", "rotary_store_kv", "qk_norm_rotary_store_kv",
               "gated_activation", "rms_norm_int8", "add_rms_norm_int8", "gated_activation_int8",
-              "sum_splits", "add_rms_norm_splits", "gated_activation_splits")  # ops.OPS
+              "sum_splits", "add_rms_norm_splits", "gated_activation_splits", "rotary_store_kv_splits")  # ops.OPS
 
 
 @hookimpl

@@ -167,20 +167,25 @@ def _rotary_store_kv(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, 
 
 
 def _launch_store(positions, q, k, v, inv_freq, head_dim: int, rotary_dim: int, k_cache, v_cache, slot_mapping,
-                  norm: tuple | None) -> torch.Tensor:
+                  norm: tuple | None, dtype: torch.dtype | None = None) -> torch.Tensor:
     """``rotary_heads_kernel`` storing into the paged caches; ``norm``: (q_weight, k_weight, eps,
-    weight_offset) RMS-normalises every q and k head first."""
-    tokens = q.shape[0]
-    q_out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    q_heads, kv_heads = q.shape[1] // head_dim, k.shape[1] // head_dim
+    weight_offset) RMS-normalises every q and k head first. With ``dtype``, q, k and v are partial sums
+    ``[S, T, N]`` (``split_sums.as_parts``: S = 1 holds the value in ``dtype``) whose totals are the inputs."""
+    if dtype is None:
+        q, k, v = q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0)
+        dtype = q.dtype
+    tokens = q.shape[1]
+    q_out = torch.empty(q.shape[1:], dtype=dtype, device=q.device)
+    q_heads, kv_heads = q.shape[2] // head_dim, k.shape[2] // head_dim
     q_weight, k_weight, eps, offset = norm if norm is not None else (inv_freq, inv_freq, 0.0, 0.0)  # unread without
     if tokens:
         rotary_heads_kernel[(tokens, q_heads + kv_heads)](
-            positions, inv_freq, slot_mapping, q, k, v, q_out, k_cache, v_cache, q_heads, q.stride(0), k.stride(0),
-            v.stride(0), q_out.stride(0), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), v_cache.stride(0),
+            positions, inv_freq, slot_mapping, q, k, v, q_out, k_cache, v_cache, q_heads, q.stride(1), k.stride(1),
+            v.stride(1), q_out.stride(0), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), v_cache.stride(0),
             v_cache.stride(1), v_cache.stride(2), q_weight, k_weight, float(eps), float(offset),
             PAGE=k_cache.shape[1], STORE_KV=True, NORM=norm is not None, HAS_OFFSET=bool(offset),
-            **_rotary_config(head_dim, rotary_dim), **launch_options(q.device))
+            Q_SPLITS=q.shape[0], K_SPLITS=k.shape[0], V_SPLITS=v.shape[0], split_q=q.stride(0), split_k=k.stride(0),
+            split_v=v.stride(0), **_rotary_config(head_dim, rotary_dim), **launch_options(q.device))
     return q_out
 
 
@@ -238,6 +243,35 @@ def _qk_norm_supports(positions, q, k, v, q_weight, k_weight, eps, weight_offset
 qk_norm_rotary_store_kv.supports = _qk_norm_supports
 
 
+def rotary_store_kv_splits(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                           dtype: torch.dtype, inv_freq: torch.Tensor, head_dim: int, rotary_dim: int,
+                           k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor,
+                           norm: tuple | None) -> torch.Tensor:
+    """The reference's ``rotary_store_kv_splits`` in one kernel: each head's partials added as they load, then
+    (``norm``) RMS-normalised and rotated; rotated q returned, rotated k and v stored."""
+    return _launch_store(positions, q, k, v, inv_freq, head_dim, rotary_dim, k_cache, v_cache, slot_mapping, norm,
+                         dtype)
+
+
+def _splits_store_supports(positions, q, k, v, dtype, inv_freq, head_dim, rotary_dim, k_cache, v_cache, slot_mapping,
+                           norm) -> bool:
+    # each input: float32 partials, or its value in dtype (S = 1); the rest as the one-tensor ops check it
+    parts_ok = all(x.is_cuda and x.dim() == 3 and x.stride(-1) == 1 and x.shape[1] == q.shape[1]
+                   and x.dtype == (dtype if x.shape[0] == 1 else torch.float32) for x in (q, k, v))
+    if not parts_ok:
+        return False
+    # what those checks read of a summed input (device, shape, dtype, unit column stride) as a view in dtype: no copy
+    values = [x[0] if x.shape[0] == 1 else x[0].view(dtype)[:, :x.shape[2]] for x in (q, k, v)]
+    if norm is None:
+        return _rotary_store_kv_supports(positions, *values, inv_freq, head_dim, rotary_dim, k_cache, v_cache,
+                                         slot_mapping)
+    return _qk_norm_supports(positions, *values, *norm, inv_freq, head_dim, rotary_dim, k_cache, v_cache,
+                             slot_mapping)
+
+
+rotary_store_kv_splits.supports = _splits_store_supports
+
+
 def _launch_gated(x: torch.Tensor, activation: str, sums: bool | None, dtype: torch.dtype | None = None):
     """``gated_activation_kernel`` over x's rows: ``(out, words, scales, block sums)``. With ``dtype``, x holds
     split-K partial sums ``[S, rows, 2 cols]`` float32 (``kernels/split_sums``) whose total, in ``dtype``, is the
@@ -289,4 +323,5 @@ OPS = {"rms_norm": rms_norm, "add_rms_norm": add_rms_norm, "rotary_qk": rotary_q
        "rotary_store_kv": rotary_store_kv, "qk_norm_rotary_store_kv": qk_norm_rotary_store_kv,
        "gated_activation": gated_activation, "rms_norm_int8": rms_norm_int8, "add_rms_norm_int8": add_rms_norm_int8,
        "gated_activation_int8": gated_activation_int8, "sum_splits": sum_splits,
-       "add_rms_norm_splits": add_rms_norm_splits, "gated_activation_splits": gated_activation_splits}
+       "add_rms_norm_splits": add_rms_norm_splits, "gated_activation_splits": gated_activation_splits,
+       "rotary_store_kv_splits": rotary_store_kv_splits}

@@ -67,34 +67,34 @@ def rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, sum_ptr, n_cols, stride_x, s
 
 
 @triton.jit
-def _rotate_head(src, dst, cos, sin, w_ptr, eps, offset, HEAD_DIM: tl.constexpr, HALF: tl.constexpr,
-                 BLOCK_HALF: tl.constexpr, PASS: tl.constexpr, BLOCK_PASS: tl.constexpr, NORM: tl.constexpr,
-                 HAS_OFFSET: tl.constexpr):
+def _rotate_head(src, dst, cos, sin, w_ptr, eps, offset, dtype: tl.constexpr, SPLITS: tl.constexpr, stride_split,
+                 HEAD_DIM: tl.constexpr, HALF: tl.constexpr, BLOCK_HALF: tl.constexpr, PASS: tl.constexpr,
+                 BLOCK_PASS: tl.constexpr, NORM: tl.constexpr, HAS_OFFSET: tl.constexpr):
     """Rotate-half of one head ``src[0:2*HALF]`` into ``dst``; features past the rotary part are
-    copied. The result is rounded to the source dtype (what the reference's output holds), then
-    to the destination's (a cache may hold another dtype, as ``store_kv`` casts).
+    copied. The result is rounded to the activation ``dtype`` (what the reference's output holds), then
+    to the destination's (a cache may hold another dtype, as ``store_kv`` casts). ``SPLITS`` > 1: src is
+    a split-K matmul's float32 partial sums, ``stride_split`` apart (``triton_reduce.load_summed``).
 
     With ``NORM`` the head is first RMS-normalised over its ``HEAD_DIM`` features with the weights
     at ``w_ptr`` (Qwen3's and Gemma 3's q/k norms), rounded as ``rms_norm_kernel`` rounds, so the
     rotation reads what the separate norm op would have written."""
     i = tl.arange(0, BLOCK_HALF)
     mask = i < HALF
-    x1 = tl.load(src + i, mask=mask, other=0.0).to(tl.float32)
-    x2 = tl.load(src + HALF + i, mask=mask, other=0.0).to(tl.float32)
-    dtype = src.dtype.element_ty          # (a tuple assignment of dtypes does not compile in Triton 3.6)
+    x1 = load_summed(src + i, mask, SPLITS, stride_split, dtype).to(tl.float32)
+    x2 = load_summed(src + HALF + i, mask, SPLITS, stride_split, dtype).to(tl.float32)
     out_dtype = dst.dtype.element_ty
     p = tl.arange(0, BLOCK_PASS)
     pmask = p < PASS
     if PASS > 0:
-        xp = tl.load(src + 2 * HALF + p, mask=pmask, other=0.0).to(tl.float32)
+        xp = load_summed(src + 2 * HALF + p, pmask, SPLITS, stride_split, dtype).to(tl.float32)
     else:
         xp = tl.zeros((BLOCK_PASS,), dtype=tl.float32)
     if NORM:
         total = tl.sum(x1 * x1, axis=0) + tl.sum(x2 * x2, axis=0) + tl.sum(xp * xp, axis=0)
         inv = 1.0 / tl.sqrt(total / HEAD_DIM + eps)
-        x1 = _norm_scale(src, x1, inv, tl.load(w_ptr + i, mask=mask, other=0.0), offset, HAS_OFFSET)
-        x2 = _norm_scale(src, x2, inv, tl.load(w_ptr + HALF + i, mask=mask, other=0.0), offset, HAS_OFFSET)
-        xp = _norm_scale(src, xp, inv, tl.load(w_ptr + 2 * HALF + p, mask=pmask, other=0.0), offset, HAS_OFFSET)
+        x1 = _norm_scale(dtype, x1, inv, tl.load(w_ptr + i, mask=mask, other=0.0), offset, HAS_OFFSET)
+        x2 = _norm_scale(dtype, x2, inv, tl.load(w_ptr + HALF + i, mask=mask, other=0.0), offset, HAS_OFFSET)
+        xp = _norm_scale(dtype, xp, inv, tl.load(w_ptr + 2 * HALF + p, mask=pmask, other=0.0), offset, HAS_OFFSET)
     tl.store(dst + i, (x1 * cos - x2 * sin).to(dtype).to(out_dtype), mask=mask)
     tl.store(dst + HALF + i, (x2 * cos + x1 * sin).to(dtype).to(out_dtype), mask=mask)
     if PASS > 0:
@@ -102,10 +102,9 @@ def _rotate_head(src, dst, cos, sin, w_ptr, eps, offset, HEAD_DIM: tl.constexpr,
 
 
 @triton.jit
-def _norm_scale(src, x, inv, w, offset, HAS_OFFSET: tl.constexpr):
+def _norm_scale(dtype: tl.constexpr, x, inv, w, offset, HAS_OFFSET: tl.constexpr):
     """``rms_norm_kernel``'s output for features ``x`` of a row with ``inv = 1 / rms``, as float32
-    holding the value the norm op would store in ``src``'s dtype."""
-    dtype = src.dtype.element_ty
+    holding the value the norm op would store in ``dtype``."""
     if HAS_OFFSET:  # Gemma: (offset + w) in float32, one rounding at the end
         out = x * inv * (offset + w.to(tl.float32))
     else:  # Llama/Qwen: the normalised value is rounded before the weight multiplies it
@@ -121,7 +120,8 @@ def rotary_heads_kernel(pos_ptr, inv_freq_ptr, slot_ptr, q_ptr, k_ptr, v_ptr, q_
                         HEAD_DIM: tl.constexpr, HALF: tl.constexpr, BLOCK_HALF: tl.constexpr, PASS: tl.constexpr,
                         BLOCK_PASS: tl.constexpr, BLOCK_D: tl.constexpr, PAGE: tl.constexpr,
                         STORE_KV: tl.constexpr, NORM: tl.constexpr = False, HAS_OFFSET: tl.constexpr = False,
-                        PDL: tl.constexpr = False):
+                        Q_SPLITS: tl.constexpr = 1, K_SPLITS: tl.constexpr = 1, V_SPLITS: tl.constexpr = 1,
+                        split_q=0, split_k=0, split_v=0, PDL: tl.constexpr = False):
     """Program (token t, head h): rotates q head h (h < q_heads) into ``q_out[t]``, or kv head
     ``h - q_heads`` of k into its destination, and with ``STORE_KV`` copies v's head there too.
 
@@ -129,7 +129,9 @@ def rotary_heads_kernel(pos_ptr, inv_freq_ptr, slot_ptr, q_ptr, k_ptr, v_ptr, q_
     with ``s`` the token's cache slot (``slot_ptr[t]``; < 0 is padding and writes nothing) when
     ``STORE_KV``, else ``s = t`` with ``PAGE = 1`` (a plain [T, kv_heads * head_dim] output).
     With ``NORM`` each q head is RMS-normalised with ``qw`` and each k head with ``kw`` first (``eps``,
-    and Gemma's weight ``offset`` with ``HAS_OFFSET``); v is never normalised.
+    and Gemma's weight ``offset`` with ``HAS_OFFSET``); v is never normalised. ``Q_SPLITS``/``K_SPLITS``/
+    ``V_SPLITS`` > 1: that input is a split-K matmul's float32 partial sums, ``split_q``/``split_k``/``split_v``
+    apart, added as they load (``kernels/split_sums``); the activation dtype is then q_out's.
 
     Why one head per program: at decode a token's q and k are a few KB, and a single program
     rotating them all (the previous kernel) ran its loads and stores one after another (3.5 us
@@ -149,9 +151,11 @@ def rotary_heads_kernel(pos_ptr, inv_freq_ptr, slot_ptr, q_ptr, k_ptr, v_ptr, q_
         cos, sin = libdevice.cos(angle), libdevice.sin(angle)   # accurate for large angles, unlike sin.approx
     else:  # Triton's interpreter has no libdevice; its tl.cos/tl.sin are numpy's (accurate too)
         cos, sin = tl.cos(angle), tl.sin(angle)
+    dtype = q_out_ptr.dtype.element_ty
     if head < q_heads:
         _rotate_head(q_ptr + row * stride_q + head * HEAD_DIM, q_out_ptr + row * stride_qo + head * HEAD_DIM,
-                     cos, sin, qw_ptr, eps, offset, HEAD_DIM, HALF, BLOCK_HALF, PASS, BLOCK_PASS, NORM, HAS_OFFSET)
+                     cos, sin, qw_ptr, eps, offset, dtype, Q_SPLITS, split_q, HEAD_DIM, HALF, BLOCK_HALF, PASS,
+                     BLOCK_PASS, NORM, HAS_OFFSET)
     else:
         kv = head - q_heads
         if STORE_KV:
@@ -162,11 +166,12 @@ def rotary_heads_kernel(pos_ptr, inv_freq_ptr, slot_ptr, q_ptr, k_ptr, v_ptr, q_
             block, page_offset = slot // PAGE, slot % PAGE
             _rotate_head(k_ptr + row * stride_k + kv * HEAD_DIM,
                          k_out_ptr + block * stride_kb + page_offset * stride_ks + kv * stride_kh,
-                         cos, sin, kw_ptr, eps, offset, HEAD_DIM, HALF, BLOCK_HALF, PASS, BLOCK_PASS, NORM, HAS_OFFSET)
+                         cos, sin, kw_ptr, eps, offset, dtype, K_SPLITS, split_k, HEAD_DIM, HALF, BLOCK_HALF, PASS,
+                         BLOCK_PASS, NORM, HAS_OFFSET)
             if STORE_KV:
                 d = tl.arange(0, BLOCK_D)
                 dmask = d < HEAD_DIM
-                value = tl.load(v_ptr + row * stride_v + kv * HEAD_DIM + d, mask=dmask)
+                value = load_summed(v_ptr + row * stride_v + kv * HEAD_DIM + d, dmask, V_SPLITS, split_v, dtype)
                 tl.store(v_out_ptr + block * stride_vb + page_offset * stride_vs + kv * stride_vh + d,
                          value.to(v_out_ptr.dtype.element_ty), mask=dmask)
 

@@ -67,7 +67,8 @@ class DecoderAttention(nn.Module):
                 unreduced: bool = False) -> torch.Tensor | SplitSums:
         """The block's output; ``unreduced``: the caller's next op (``RMSNorm.forward_add``) takes the output
         projection's split-K partial sums (``kernels/split_sums.py``)."""
-        q, k, v = self.qkv_proj.split(self.qkv_proj(hidden))
+        # q, k and v may stay split-K partial sums too: the rotary op that stores k and v adds them as it loads
+        q, k, v = self.qkv_proj.split(self.qkv_proj(hidden, unreduced=True))
         # the q/k norms and rotary run inside attention: with a KV cache, in the one op that stores k and v
         qk_norm = (self.q_norm, self.k_norm) if self.qk_norm else None
         return self.o_proj(self.attn(q, k, v, attn, rotary=self.rotary, positions=positions, qk_norm=qk_norm),

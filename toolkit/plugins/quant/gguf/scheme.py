@@ -13,7 +13,7 @@ from torch import nn
 from toolkit.core.errors import ToolkitError
 from toolkit.kernels import runtime
 from toolkit.kernels.int8_blocks import Int8Input, merge
-from toolkit.kernels.split_sums import SplitSums
+from toolkit.kernels.split_sums import Columns, SplitSums
 
 from .params import GGUFParameter, Segment
 
@@ -54,16 +54,21 @@ class GGUFScheme:
             out = out + bias
         return out if x.dim() == 2 else out.reshape(*x.shape[:-1], rows)
 
-    def apply_unreduced(self, layer: nn.Module, x: torch.Tensor) -> torch.Tensor | SplitSums:
+    def apply_unreduced(self, layer: nn.Module, x: torch.Tensor) -> torch.Tensor | SplitSums | Columns:
         """``apply`` without a bias, for a caller whose next op adds split-K partial sums itself
-        (``kernels/split_sums.py``): a one-type weight's kernel may return them (``gguf_matmul_unreduced``)."""
+        (``kernels/split_sums.py``): each segment's kernel may return them (``gguf_matmul_unreduced``); a weight of
+        several segments answers with their ``Columns``."""
         weight: GGUFParameter = layer.weight
         rows, cols = weight.logical_shape
         segments = weight.packed_segments()
-        if (x.dim() != 2 or x.shape[1] != cols or x.dtype != self.params_dtype or len(segments) != 1
-                or segments[0][0].row_start != 0 or segments[0][0].rows != rows):
-            return self.apply(layer, x)
-        return runtime.call("gguf_matmul_unreduced", x, segments[0][1], segments[0][0].qtype, cols)
+        covered = 0
+        for segment, _ in segments:
+            covered = covered + segment.rows if segment.row_start == covered else -1
+        if x.dim() != 2 or x.shape[1] != cols or x.dtype != self.params_dtype or covered != rows:
+            return self.apply(layer, x)   # (rows no segment covers are zeros there)
+        pieces = tuple(runtime.call("gguf_matmul_unreduced", x, data, segment.qtype, cols)
+                       for segment, data in segments)
+        return pieces[0] if len(pieces) == 1 else Columns(pieces)
 
     def int8_input(self, layer: nn.Module, tokens: int) -> Int8Input | None:
         """The int8 blocks ``apply``'s matmuls read for ``tokens`` rows (every segment's need merged), or None."""
