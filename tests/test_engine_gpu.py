@@ -88,6 +88,25 @@ def test_split_decode_in_a_cuda_graph_follows_the_context(splits, monkeypatch):
         assert int(ops._COUNTS[q.device].abs().sum()) == 0
 
 
+@pytest.mark.parametrize("sums", [False, True])
+@pytest.mark.parametrize("case", [c for c in CASES if all(n == 1 for _, n in c[3])], ids=lambda c: f"h{c[0]}-d{c[2]}")
+def test_split_decode_writes_the_output_int8_blocks(case, sums):
+    """``paged_attention_int8``: a decode batch the split kernel serves gets its output's int8 blocks from the
+    same launch, that output's rounding (``int8_checks.assert_blocks``); the output equals ``paged_attention``'s."""
+    from int8_checks import assert_blocks  # noqa: PLC0415
+
+    heads, kv_heads, head_dim, ctx_q, window, softcap = case
+    q, k_cache, v_cache, attn = make_case(heads, kv_heads, head_dim, ctx_q, torch.bfloat16, seed=4)
+    args = (q, k_cache, v_cache, attn, head_dim ** -0.5, window, softcap)
+    impl = runtime.resolve("paged_attention_int8", *args, sums)
+    assert impl is not reference.paged_attention_int8, "the Triton kernel should serve CUDA tensors"
+    out, words, scales, block_sums = impl(*args, sums)
+    assert torch.equal(out, runtime.call("paged_attention", *args))
+    real = attn.seq_lens > 0                                 # a padding row's output and blocks are never read
+    assert_blocks((words[real], scales[real], None if block_sums is None else block_sums[real]),
+                  out[real].reshape(int(real.sum()), -1), sums)
+
+
 def without_empty(attn: AttentionMetadata) -> AttentionMetadata:
     keep = attn.seq_lens > 0
     query_lens = attn.query_start_loc.diff()[keep]

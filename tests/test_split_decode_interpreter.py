@@ -1,8 +1,9 @@
 """The split-context decode attention kernel (``toolkit/kernels/attention/triton_decode.py``) run by Triton's
 interpreter on the CPU, against the torch reference ``reference.paged_attention`` in float32: GQA, MHA, MQA,
 an odd head dimension, a sliding window, a softcap, a padding row (no context), contexts shorter and longer
-than a slice, and the counters left at zero for the next launch. tests/test_engine_gpu.py checks the compiled
-kernel (through the dispatch) on a GPU.
+than a slice, and the counters left at zero for the next launch; and the output's int8 blocks the combining program
+writes for the output projection, the output's rounding (``int8_checks.assert_blocks``). tests/test_engine_gpu.py
+checks the compiled kernel (through the dispatch) on a GPU.
 
 Skipped where Triton is not installed and on CUDA machines; where this process imported Triton compiled
 earlier, one test runs this file in a fresh process with the interpreter on (tests/triton_interpreter.py).
@@ -12,6 +13,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from int8_checks import assert_blocks
 from triton_interpreter import interpreted_modules, rerun_in_fresh_process, start_interpreter
 
 INTERPRETED = start_interpreter("test_engine_gpu.py")
@@ -21,7 +23,8 @@ from toolkit.kernels import reference  # noqa: E402
 here = pytest.mark.skipif(not INTERPRETED, reason="Triton was imported compiled; run in a fresh process")
 
 if INTERPRETED:
-    ops = interpreted_modules("toolkit.kernels.attention.triton_decode", "toolkit.kernels.attention.ops")[-1]
+    ops = interpreted_modules("toolkit.kernels.triton_int8", "toolkit.kernels.attention.triton_decode",
+                              "toolkit.kernels.attention.ops")[-1]
 
 
 @pytest.mark.skipif(INTERPRETED, reason="this process runs the tests itself")
@@ -73,6 +76,25 @@ def test_split_decode_matches_reference(case, splits):
     torch.testing.assert_close(got[keep], expected, atol=1e-4, rtol=1e-4)
     assert torch.all(got[~real] == 0), "a sequence without context attends to nothing"
     assert torch.all(ops._COUNTS[q.device] == 0), "every combining program zeroes its counter again"
+
+
+@here
+@pytest.mark.parametrize("sums", [False, True])
+@pytest.mark.parametrize("case", [c for c in CASES if c[2] in (32, 64)], ids=lambda c: f"h{c[0]}-kv{c[1]}-d{c[2]}")
+def test_split_decode_writes_the_output_int8_blocks(case, sums):
+    heads, kv_heads, head_dim, contexts, window, softcap = case
+    q, k_cache, v_cache, attn = make_case(heads, kv_heads, head_dim, contexts, torch.float16, seed=3)
+    width = heads * head_dim
+    blocks = (torch.zeros(len(contexts), width // 4, dtype=torch.int32),
+              torch.zeros(len(contexts), width // 32), torch.zeros(len(contexts), width // 32) if sums else None)
+    args = (q, k_cache, v_cache, attn.query_start_loc, attn.seq_lens, attn.block_tables, head_dim ** -0.5,
+            window or 0, softcap or 0.0, 4)
+    ops._COUNTS.clear()
+    got = ops._split_decode(*args, blocks)
+    assert torch.equal(got, ops._split_decode(*args))          # the output as without the blocks
+    real = (attn.seq_lens > 0).nonzero().flatten()       # a padding row's output and blocks are never read
+    assert_blocks((blocks[0][real], blocks[1][real], None if blocks[2] is None else blocks[2][real]),
+                  got[real].reshape(len(real), width), sums)
 
 
 @here

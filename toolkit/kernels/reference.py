@@ -202,6 +202,14 @@ def paged_attention(q, k_cache, v_cache, attn, scale: float, sliding_window=None
     return out
 
 
+def paged_attention_int8(q, k_cache, v_cache, attn, scale: float, sliding_window, softcap, sums: bool):
+    """``paged_attention`` and its output's int8 blocks, each token's ``[heads * head_dim]`` row rounded
+    (``kernels/int8_blocks.py``): ``(out, words, scales, block sums or None)``. A device kernel may return None
+    for the blocks where it does not write them; the reader then rounds the output itself."""
+    out = runtime.call("paged_attention", q, k_cache, v_cache, attn, scale, sliding_window, softcap)
+    return (out, *quantize_reference(out.reshape(out.shape[0], -1), sums))
+
+
 def paged_decode(q, k_cache, v_cache, attn, scale: float, sliding_window=None, softcap=None) -> torch.Tensor:
     """``paged_attention`` when every sequence has exactly one new token: all sequences at once,
     each over its context gathered from its blocks and padded to the longest (padding masked)."""
@@ -232,5 +240,6 @@ def register_kernels(register):
                      ("rotary_qk", rotary_qk), ("rotary", rotary), ("store_kv", store_kv),
                      ("rotary_store_kv", rotary_store_kv), ("qk_norm_rotary_store_kv", qk_norm_rotary_store_kv),
                      ("varlen_attention", varlen_attention), ("paged_attention", paged_attention),
+                     ("paged_attention_int8", paged_attention_int8),
                      *RECURRENT_OPS):
         register(name, fn, device="any")

@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from ...kernels import runtime
+from ...kernels.int8_blocks import attach, requested
 from ...kernels.split_sums import SplitSums, reduced
 from .rotary import RotaryEmbedding
 
@@ -79,11 +80,13 @@ class Attention(nn.Module):
 
     def forward(self, q: torch.Tensor | SplitSums, k: torch.Tensor | SplitSums, v: torch.Tensor | SplitSums,
                 attn: AttentionMetadata, *, rotary: RotaryEmbedding | None = None,
-                positions: torch.Tensor | None = None,
-                qk_norm: tuple[nn.Module, nn.Module] | None = None) -> torch.Tensor:
+                positions: torch.Tensor | None = None, qk_norm: tuple[nn.Module, nn.Module] | None = None,
+                feeds=None) -> torch.Tensor:
         """q: [T, heads * head_dim], k and v: [T, kv_heads * head_dim]; returns [T, heads * head_dim].
         ``qk_norm``: (q_norm, k_norm) RMSNorms over each head's features, applied before the rotation.
-        q, k and v may be a projection's split-K partial sums (``kernels/split_sums.py``)."""
+        q, k and v may be a projection's split-K partial sums (``kernels/split_sums.py``). ``feeds``: the module
+        the output goes to (the output projection): where it reads int8 blocks, the attention kernel may write
+        them with the output (``kernels/int8_blocks.py``)."""
         tokens = q.shape[0]
         cached = attn.slot_mapping is not None and self.k_cache is not None
         if not (cached and rotary is not None):     # only the rotary op that stores k and v adds split sums
@@ -99,6 +102,13 @@ class Attention(nn.Module):
             else:
                 runtime.call("store_kv", self._heads(k, self.num_kv_heads), self._heads(v, self.num_kv_heads),
                              self.k_cache, self.v_cache, attn.slot_mapping)
+            request = requested(feeds, tokens)
+            if request is not None:
+                out, *blocks = runtime.call("paged_attention_int8", self._heads(q, self.num_heads), self.k_cache,
+                                            self.v_cache, attn, self.scale, self.sliding_window, self.logit_softcap,
+                                            request.sums)
+                out = out.reshape(tokens, self.num_heads * self.head_dim)
+                return out if blocks[0] is None else attach(out, *blocks)
             out = runtime.call("paged_attention", self._heads(q, self.num_heads), self.k_cache, self.v_cache, attn,
                                self.scale, self.sliding_window, self.logit_softcap)
         else:

@@ -16,5 +16,6 @@ PRIORITY = 10
 
 @hookimpl
 def register_kernels(register):
-    for name, fn in lazy_ops(f"{__name__}.ops", ("paged_attention", "store_kv"), "Triton paged attention").items():
+    ops = ("paged_attention", "paged_attention_int8", "store_kv")
+    for name, fn in lazy_ops(f"{__name__}.ops", ops, "Triton paged attention").items():
         register(name, fn, device="cuda", priority=PRIORITY)

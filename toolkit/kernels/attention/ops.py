@@ -63,9 +63,10 @@ def _decode_counts(device: torch.device, slots: int) -> torch.Tensor | None:
 
 
 def _split_decode(q, k_cache, v_cache, query_start_loc, seq_lens, block_tables, scale, sliding_window, softcap,
-                  splits: int) -> torch.Tensor | None:
+                  splits: int, blocks: tuple | None = None) -> torch.Tensor | None:
     """``_paged_attention`` for one new token per sequence, the context cut into ``splits`` slices (None: the
-    counters are not there yet)."""
+    counters are not there yet). ``blocks``: ``(words, scales, sums or None)`` the kernel fills with the output's
+    int8 blocks (``_combine``)."""
     num_seqs, (_, num_heads, head_dim) = seq_lens.shape[0], q.shape
     num_kv_heads = k_cache.shape[2]
     counts = _decode_counts(q.device, num_seqs * num_kv_heads)
@@ -84,8 +85,16 @@ def _split_decode(q, k_cache, v_cache, query_start_loc, seq_lens, block_tables, 
         HEAD_DIM=head_dim, BLOCK_D=block_d, GROUP=group, GROUP_PAD=max(16, rows), ROWS=rows,
         BLOCK_N=DECODE_BLOCK_N, PAGE=k_cache.shape[1], SPLITS=splits, USE_SOFTCAP=softcap > 0,
         USE_WINDOW=sliding_window > 0, PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        num_warps=4, **launch_options(q.device))
+        num_warps=4, **_int8_arguments(blocks), **launch_options(q.device))
     return out
+
+
+def _int8_arguments(blocks: tuple | None) -> dict:
+    if blocks is None:
+        return {}
+    words, scales, sums = blocks
+    return dict(q8_ptr=words.view(torch.int8), d8_ptr=scales, s8_ptr=scales if sums is None else sums, QUANT=True,
+                SUMS=sums is not None)
 
 
 def _paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, query_start_loc: torch.Tensor,
@@ -163,6 +172,31 @@ def _paged_attention_supports(q, k_cache, v_cache, attn, *args, **kwargs) -> boo
 paged_attention.supports = _paged_attention_supports
 
 
+def paged_attention_int8(q, k_cache, v_cache, attn, scale: float, sliding_window, softcap, sums: bool):
+    """``paged_attention`` and, where the split decode kernel runs, its output's int8 blocks written by the same
+    kernel (``kernels/int8_blocks.py``): ``(out, words, scales, block sums)``; the blocks are None elsewhere (a
+    prefill, a batch the one-program kernel serves, a head size not a power of two), and the reader rounds."""
+    tokens, num_heads, head_dim = q.shape
+    num_kv_heads = k_cache.shape[2]
+    if (attn.max_query_len == 1 and not torch.compiler.is_compiling() and head_dim >= 32
+            and head_dim & (head_dim - 1) == 0):
+        splits = decode_splits(attn.num_seqs, num_kv_heads, num_heads // num_kv_heads, head_dim, q.device)
+        if splits > 1:
+            width = num_heads * head_dim
+            blocks = (torch.empty(tokens, width // 4, dtype=torch.int32, device=q.device),
+                      torch.empty(tokens, width // 32, dtype=torch.float32, device=q.device),
+                      torch.empty(tokens, width // 32, dtype=torch.float32, device=q.device) if sums else None)
+            out = _split_decode(q, k_cache, v_cache, attn.query_start_loc, attn.seq_lens, attn.block_tables,
+                                float(scale), int(sliding_window or 0), float(softcap or 0.0), splits, blocks)
+            if out is not None:
+                return (out, *blocks)
+    return paged_attention(q, k_cache, v_cache, attn, scale, sliding_window, softcap), None, None, None
+
+
+paged_attention_int8.supports = lambda q, k_cache, v_cache, attn, *args: _paged_attention_supports(
+    q, k_cache, v_cache, attn)
+
+
 def store_kv(k, v, k_cache, v_cache, slot_mapping) -> None:
     op = torch.ops.toolkit.store_kv if torch.compiler.is_compiling() else _store_kv
     op(k, v, k_cache, v_cache, slot_mapping)
@@ -176,4 +210,5 @@ def _store_kv_supports(k, v, k_cache, v_cache, slot_mapping) -> bool:
 store_kv.supports = _store_kv_supports
 
 
-OPS = {"paged_attention": paged_attention, "store_kv": store_kv}  # what __init__ registers, lazily
+OPS = {"paged_attention": paged_attention, "paged_attention_int8": paged_attention_int8,
+       "store_kv": store_kv}  # what __init__ registers, lazily

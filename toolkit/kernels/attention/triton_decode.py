@@ -21,16 +21,22 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from ..triton_int8 import store_int8_blocks
 from ..triton_pdl import wait_for_previous
 from .triton_kernels import kv_tile, page_slots
 
 
 @triton.jit
 def _combine(out_ptr, acc_part_ptr, ml_part_ptr, slot, token, kv_head, stride_ot, stride_oh,
-             HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, GROUP: tl.constexpr, ROWS: tl.constexpr,
-             SPLITS: tl.constexpr):
+             q8_ptr, d8_ptr, s8_ptr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, GROUP: tl.constexpr,
+             ROWS: tl.constexpr, SPLITS: tl.constexpr, QUANT: tl.constexpr, SUMS: tl.constexpr):
     """The output of (sequence, kv head) ``slot`` from its SPLITS partials. ``.cg`` loads: the partials were
-    written by other SMs, so they are read from L2, never from a line this SM may hold."""
+    written by other SMs, so they are read from L2, never from a line this SM may hold.
+
+    ``QUANT`` (``HEAD_DIM`` a power of two >= 32): the stored output's int8 blocks of 32 too
+    (``kernels/int8_blocks.py``, as ``rms_norm_kernel`` writes them) for the output projection: the token's row
+    ``[H * HEAD_DIM]`` at ``q8`` (int8), its scales (and with ``SUMS`` block sums) at ``d8``/``s8``; this head
+    group's blocks are one run of ``GROUP * HEAD_DIM / 32`` there."""
     s = tl.arange(0, SPLITS)[:, None]
     r = tl.arange(0, ROWS)[None, :]
     ml = ml_part_ptr + (slot * SPLITS + s) * (2 * ROWS) + r                                  # [SPLITS, ROWS]
@@ -47,8 +53,14 @@ def _combine(out_ptr, acc_part_ptr, ml_part_ptr, slot, token, kv_head, stride_ot
     rows = tl.arange(0, ROWS)[:, None]
     head = kv_head * GROUP + rows
     dd = tl.arange(0, BLOCK_D)[None, :]
-    tl.store(out_ptr + token * stride_ot + head * stride_oh + dd, o.to(out_ptr.dtype.element_ty),
-             mask=(rows < GROUP) & (dd < HEAD_DIM))
+    o = o.to(out_ptr.dtype.element_ty)
+    tl.store(out_ptr + token * stride_ot + head * stride_oh + dd, o, mask=(rows < GROUP) & (dd < HEAD_DIM))
+    if QUANT:
+        width = tl.num_programs(1) * GROUP * HEAD_DIM                   # the token's row: every head
+        first = kv_head * GROUP * HEAD_DIM
+        store_int8_blocks(tl.reshape(o.to(tl.float32), (ROWS * BLOCK_D,)), 0, q8_ptr + token * width + first,
+                          d8_ptr + (token * width + first) // 32, s8_ptr + (token * width + first) // 32,
+                          GROUP * HEAD_DIM // 32, ROWS * BLOCK_D // 32, SUMS)
 
 
 @triton.jit
@@ -76,10 +88,12 @@ def split_decode_kernel(
         stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, stride_bt,
         HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
         ROWS: tl.constexpr, BLOCK_N: tl.constexpr, PAGE: tl.constexpr, SPLITS: tl.constexpr,
-        USE_SOFTCAP: tl.constexpr, USE_WINDOW: tl.constexpr, PRECISION: tl.constexpr, PDL: tl.constexpr = False):
+        USE_SOFTCAP: tl.constexpr, USE_WINDOW: tl.constexpr, PRECISION: tl.constexpr, q8_ptr=None, d8_ptr=None,
+        s8_ptr=None, QUANT: tl.constexpr = False, SUMS: tl.constexpr = False, PDL: tl.constexpr = False):
     """Program (seq, kv_head, split): the GROUP query heads of kv_head (padded to GROUP_PAD >= 16 rows for
     ``tl.dot``) over slice ``split`` of the sequence's visible context, an online softmax in float32.
-    A sequence without a new token (a padding row) is skipped by all its programs alike.
+    A sequence without a new token (a padding row) is skipped by all its programs alike. ``QUANT``/``SUMS``: the
+    combining program also writes the output's int8 blocks (``_combine``).
 
     ``PDL``: the slice's first K/V tile is loaded before waiting for the kernel before (``triton_pdl``), so its
     memory round trips (the batch's lengths, the block table, the tile) overlap that kernel's end. Only what no
@@ -140,5 +154,5 @@ def split_decode_kernel(
     tl.debug_barrier()             # every thread's partials are written before the counter says so
     if tl.atomic_add(counts_ptr + slot, 1, sem="acq_rel", scope="gpu") == SPLITS - 1:
         _combine(out_ptr, acc_part_ptr, ml_part_ptr, slot, token, kv_head, stride_ot, stride_oh,
-                 HEAD_DIM, BLOCK_D, GROUP, ROWS, SPLITS)
+                 q8_ptr, d8_ptr, s8_ptr, HEAD_DIM, BLOCK_D, GROUP, ROWS, SPLITS, QUANT, SUMS)
         tl.store(counts_ptr + slot, 0)

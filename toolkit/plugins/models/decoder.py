@@ -71,8 +71,8 @@ class DecoderAttention(nn.Module):
         q, k, v = self.qkv_proj.split(self.qkv_proj(hidden, unreduced=True))
         # the q/k norms and rotary run inside attention: with a KV cache, in the one op that stores k and v
         qk_norm = (self.q_norm, self.k_norm) if self.qk_norm else None
-        return self.o_proj(self.attn(q, k, v, attn, rotary=self.rotary, positions=positions, qk_norm=qk_norm),
-                           unreduced=unreduced)
+        return self.o_proj(self.attn(q, k, v, attn, rotary=self.rotary, positions=positions, qk_norm=qk_norm,
+                                     feeds=self.o_proj), unreduced=unreduced)
 
 
 class GatedMLP(nn.Module):
