@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import torch
 
 from . import runtime
-from .split_sums import SplitSums, reduced
+from .split_sums import SplitSums, unpieced
 
 _ATTRIBUTE = "_toolkit_int8_blocks"
 
@@ -110,8 +110,7 @@ def gated(x, activation: str, request: Int8Input | None) -> torch.Tensor:
     asks for them (one kernel on CUDA: ``gated_activation_int8``). ``x``: a tensor, or a projection's split-K
     partial sums (``split_sums.SplitSums``), added up in the same kernel (``gated_activation_splits``), or
     ``split_sums.Columns`` (reduced first)."""
-    if not isinstance(x, (torch.Tensor, SplitSums)):
-        x = reduced(x)
+    x = unpieced(x)
     if isinstance(x, SplitSums):
         out, *blocks = runtime.call("gated_activation_splits", x.parts, x.dtype, activation,
                                     None if request is None else request.sums)

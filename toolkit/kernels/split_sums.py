@@ -63,6 +63,11 @@ def reduced(x: torch.Tensor | SplitSums | Columns) -> torch.Tensor:
     return x.total() if isinstance(x, SplitSums) else x
 
 
+def unpieced(x: torch.Tensor | SplitSums | Columns) -> torch.Tensor | SplitSums:
+    """``x`` for an op that takes a tensor or split sums: ``Columns`` reduced, anything else as it is."""
+    return reduced(x) if isinstance(x, Columns) else x
+
+
 def split_columns(x: torch.Tensor | SplitSums | Columns, sizes: list[int]) -> tuple:
     """``x`` cut into consecutive column ranges of ``sizes`` (as ``Tensor.split(sizes, -1)``), each as lazy as it
     can stay: a range of a ``SplitSums`` is the same columns of its partials, a range inside one piece of

@@ -89,9 +89,10 @@ class Attention(nn.Module):
         them with the output (``kernels/int8_blocks.py``)."""
         tokens = q.shape[0]
         cached = attn.slot_mapping is not None and self.k_cache is not None
-        if not (cached and rotary is not None):     # only the rotary op that stores k and v adds split sums
+        fused_store = cached and rotary is not None  # one op rotates, applies the q/k norms, adds split sums, stores
+        if not fused_store:
             q, k, v = reduced(q), reduced(k), reduced(v)
-        if qk_norm is not None and not (cached and rotary is not None):  # else the fused op below applies them
+        if qk_norm is not None and not fused_store:
             q = qk_norm[0](q.reshape(tokens, -1, self.head_dim)).reshape(tokens, -1)
             k = qk_norm[1](k.reshape(tokens, -1, self.head_dim)).reshape(tokens, -1)
             qk_norm = None

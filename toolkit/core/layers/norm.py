@@ -13,7 +13,7 @@ from torch import nn
 
 from ...kernels import runtime
 from ...kernels.int8_blocks import attach, requested
-from ...kernels.split_sums import SplitSums, reduced
+from ...kernels.split_sums import SplitSums, reduced, unpieced
 from ..params import ModelParameter
 
 
@@ -37,8 +37,7 @@ class RMSNorm(nn.Module):
         """``(norm(x + residual), x + residual)`` as one op (a pre-norm block's residual add); ``x`` may be split
         sums (``kernels/split_sums.py``), added up in the same op."""
         request = requested(feeds, residual.numel() // residual.shape[-1])
-        if not isinstance(x, (torch.Tensor, SplitSums)):
-            x = reduced(x)                          # column pieces of a several-type weight
+        x = unpieced(x)                             # column pieces of a several-type weight
         if isinstance(x, SplitSums):
             out, total, *blocks = runtime.call("add_rms_norm_splits", x.parts, residual, self.weight, self.eps,
                                                self.weight_offset, None if request is None else request.sums)

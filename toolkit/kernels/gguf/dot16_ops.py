@@ -60,11 +60,10 @@ def dot16_takes(data: torch.Tensor, qtype: int, cols: int, tokens: int) -> bool:
 def dot16_matmul(x: torch.Tensor, data: torch.Tensor, qtype: int, cols: int, bm: int | None = None,
                  bn: int | None = None, num_warps: int | None = None, num_stages: int | None = None,
                  split: int | None = None, programs_per_sm: int | None = None,
-                 group: int | None = None, unreduced: bool = False) -> torch.Tensor:
+                 group: int | None = None) -> torch.Tensor:
     """``x [T, cols] @ W.T`` -> ``[T, rows]`` in x's dtype (x contiguous, fp16/bf16); launch arguments default
     to ``dot16_launch()``, ``bm`` (tokens per program) to T rounded up to a power of two, 16 to 64; ``group``
-    (1, 2, 4 or 8): Q4_0/Q8_0 blocks per K-loop iteration (default: ``DOT16_GROUP`` of the type, else 1).
-    ``unreduced``: split-K partial sums returned as they are (``triton_reduce.finish_splits``)."""
+    (1, 2, 4 or 8): Q4_0/Q8_0 blocks per K-loop iteration (default: ``DOT16_GROUP`` of the type, else 1)."""
     tokens, rows = x.shape[0], data.shape[0]
     launch = dot16_launch()
     bn = bn or launch["bn"]
@@ -81,4 +80,4 @@ def dot16_matmul(x: torch.Tensor, data: torch.Tensor, qtype: int, cols: int, bm:
         x, data, out, tokens, rows, cols, cols // split, x.stride(0), data.stride(0), QTYPE=int(qtype),
         TS=type_size(qtype), BM=bm, BN=bn, GROUP=group, num_warps=num_warps or launch["num_warps"],
         num_stages=num_stages or launch["num_stages"], **launch_options(x.device))
-    return finish_splits(out, x.dtype, unreduced)
+    return finish_splits(out, x.dtype)

@@ -61,10 +61,8 @@ class GGUFScheme:
         weight: GGUFParameter = layer.weight
         rows, cols = weight.logical_shape
         segments = weight.packed_segments()
-        covered = 0
-        for segment, _ in segments:
-            covered = covered + segment.rows if segment.row_start == covered else -1
-        if x.dim() != 2 or x.shape[1] != cols or x.dtype != self.params_dtype or covered != rows:
+        if (x.dim() != 2 or x.shape[1] != cols or x.dtype != self.params_dtype
+                or not _tile_rows([segment for segment, _ in segments], rows)):
             return self.apply(layer, x)   # (rows no segment covers are zeros there)
         pieces = tuple(runtime.call("gguf_matmul_unreduced", x, data, segment.qtype, cols)
                        for segment, data in segments)
@@ -141,14 +139,19 @@ def _dense_experts(param: GGUFParameter, dtype: torch.dtype) -> torch.Tensor:
     return out.view(param.num_experts, rows // param.num_experts, cols)
 
 
+def _tile_rows(segments: list[Segment], rows: int) -> bool:
+    """Whether ``segments``, in order, cover rows ``0 .. rows - 1`` with no gap."""
+    covered = 0
+    for segment in segments:
+        if segment.row_start != covered:
+            return False
+        covered += segment.rows
+    return covered == rows
+
+
 def _columns(parts: list[tuple[Segment, torch.Tensor]], rows: int, x: torch.Tensor) -> torch.Tensor:
     """Segment outputs side by side as ``[tokens, rows]``; rows no segment covers are zero."""
-    covered = 0
-    for segment, _ in parts:
-        if segment.row_start != covered:
-            break
-        covered += segment.rows
-    if covered == rows and parts:
+    if parts and _tile_rows([segment for segment, _ in parts], rows):
         return parts[0][1] if len(parts) == 1 else torch.cat([out for _, out in parts], dim=-1)
     out = torch.zeros(x.shape[0], rows, dtype=parts[0][1].dtype if parts else x.dtype, device=x.device)
     for segment, values in parts:
