@@ -71,17 +71,22 @@ def test_dot16_takes_its_types_from_17_to_64_tokens():
 
 
 def test_gemv_launch_by_weight_shape_at_one_token():
-    """One token: the GEMV's launch follows the weight's shape where the sweep found a better one (two Q4_K rows
-    per program from 2048 rows up to 4096 columns, Q6_K's short weights one row per program and its 14336-column
-    ones cut in four); more tokens, or no shape, keep the per-type launch."""
+    """One token: the GEMV's launch follows the weight's shape where the sweeps found a better one (two Q4_K rows
+    per program from 2048 rows up to 4096 columns, and K cut in two from 14336 columns; Q6_K's short weights one
+    row per program, its 8192-column ones two rows of 256-column steps cut in four, its output heads two rows of
+    256-column steps); more tokens, or no shape, keep the per-type launch."""
     from toolkit.kernels.gguf.gemv_launch import TOKENS_CONFIG, tokens_config
 
     assert tokens_config("Q4_K", 1, 28672, 4096).bn == 2
     assert tokens_config("Q4_K", 1, 1024, 4096) == TOKENS_CONFIG
-    assert tokens_config("Q4_K", 1, 4096, 14336) == TOKENS_CONFIG
-    assert tokens_config("Q6_K", 1, 2048, 8192).bn == 1
+    assert (tokens_config("Q4_K", 1, 4096, 14336).bn, tokens_config("Q4_K", 1, 4096, 14336).split) == (2, 2)
+    assert tokens_config("Q4_K", 4, 4096, 14336) == tokens_config("Q4_K", 4)
+    assert tokens_config("Q6_K", 1, 2048, 2048).bn == 1
+    assert (tokens_config("Q6_K", 1, 2048, 8192).bk, tokens_config("Q6_K", 1, 2048, 8192).split) == (256, 4)
     assert tokens_config("Q6_K", 1, 4096, 14336).split == 4
-    assert tokens_config("Q6_K", 1, 128256, 4096) == tokens_config("Q6_K", 1) == tokens_config("Q6_K", 4, 2048, 8192)
+    head = tokens_config("Q6_K", 1, 128256, 4096)
+    assert (head.bn, head.bk, head.split) == (2, 256, None) and head == tokens_config("Q6_K", 1, 32000, 2048)
+    assert tokens_config("Q6_K", 1) == tokens_config("Q6_K", 4, 2048, 8192) != head
     assert tokens_config("Q8_0", 1, 28672, 4096) == TOKENS_CONFIG
 
 

@@ -70,15 +70,31 @@ class ShapeRule:
 #   (the other shapes are within 5% of the default, or slower);
 # - Q6_K of at most 2048 rows, one row per 2048-column step (twice the programs): 512x2048 2.9 / 4.3,
 #   2048x2048 4.8 / 5.3, 1024x4096 4.9 / 7.4, 2048x8192 11.9 / 15.7; of 14336 columns and more, K cut in
-#   four: 4096x14336 30.6 / 34.1. Its wide weights keep two rows per 512-column step (16384x2048 18.9,
-#   32000x2048 33.9, 128256x4096 218 us: every other launch was slower).
+#   four: 4096x14336 30.6 / 34.1. Its wide weights kept two rows per 512-column step (16384x2048 18.9,
+#   32000x2048 33.9, 128256x4096 218 us: every other launch of that sweep was slower; 256-column steps, below,
+#   were not in it).
 # More warps per program lost at every shape (a row's columns spread over warps are summed through shared
 # memory): Q4_K 4096x14336 one warp 18.9, two 23.5, four 26.1 us at 2048-column steps.
+# Session 16 swept 1, 2, 4 and 8 rows per program at 256-2048-column steps and K cut in 1, 2 and 4 at the 1.5B and
+# 8B shapes (``.dev/s16/gemv_exp.py``: the GEMV launch alone and after the activations' quantize launch, CUDA-graph
+# timing, H100, device copy 3,016 GB/s), us, this rule / the launch before (after the quantize launch):
+# - Q4_K of 14336 columns and more, two rows per 1024-column step, K cut in two: 4096x14336 17.0 / 18.5 (17.7 /
+#   19.0); an 8B ffn_down's sums go to the residual add unreduced (``SplitSums``), as Q6_K's already did;
+# - Q6_K of 8192 columns and more, two rows per 256-column step, K cut in four: 4096x14336 27.9 / 29.2 (28.5 /
+#   30.1), 2048x8192 9.7 / 11.6 (10.3 / 12.2);
+# - Q6_K of 8192 rows and more (output heads), two rows per 256-column step: 128256x4096 198 / 217 (197 / 215),
+#   32000x2048 30.1 / 33.3 (30.3 / 33.7); Q6_K gate/up weights (28672x4096 in a Q6_K file) take it by analogy,
+#   not measured. Four rows per step were within 1% of two.
+# The other shapes kept their launch (within 3%, or slower). Loading the next step's weights in registers ahead of
+# the step (one or two steps) and Triton's software pipelining of the K loop (``tl.range(num_stages=2-4)``,
+# cp.async copies through shared memory) were slower at every shape: up to 1.5x and 1.9x the time.
 SHAPE_RULES = {
-    "Q4_K": (ShapeRule(GemvConfig(bn=2, bk=1024, num_warps=1), min_rows=2048, max_cols=4096),),
+    "Q4_K": (ShapeRule(GemvConfig(bn=2, bk=1024, num_warps=1, split=2), min_cols=14336),
+             ShapeRule(GemvConfig(bn=2, bk=1024, num_warps=1), min_rows=2048, max_cols=4096)),
     "Q4_0": (ShapeRule(GemvConfig(bn=2, bk=512, num_warps=1), min_rows=8192, max_cols=2048),),
-    "Q6_K": (ShapeRule(GemvConfig(bn=1, bk=2048, num_warps=1, num_stages=3), max_rows=2048),
-             ShapeRule(GemvConfig(bn=1, bk=512, num_warps=1, split=4), min_cols=14336)),
+    "Q6_K": (ShapeRule(GemvConfig(bn=2, bk=256, num_warps=1, split=4), min_cols=8192),
+             ShapeRule(GemvConfig(bn=1, bk=2048, num_warps=1, num_stages=3), max_rows=2048),
+             ShapeRule(GemvConfig(bn=2, bk=256, num_warps=1), min_rows=8192)),
 }
 
 
