@@ -51,6 +51,14 @@ def decode_splits(num_seqs: int, num_kv_heads: int, group: int, head_dim: int, d
 _COUNTS: dict[torch.device, torch.Tensor] = {}
 
 
+def _step_splits(q: torch.Tensor, k_cache: torch.Tensor, num_seqs: int, max_query_len: int) -> int:
+    """``decode_splits`` for this step's q [T, H, D] and cache; 1 unless every sequence has one new token."""
+    if max_query_len != 1:
+        return 1
+    num_heads, num_kv_heads = q.shape[1], k_cache.shape[2]
+    return decode_splits(num_seqs, num_kv_heads, num_heads // num_kv_heads, q.shape[2], q.device)
+
+
 def _decode_counts(device: torch.device, slots: int) -> torch.Tensor | None:
     """The zeroed counters of ``split_decode_kernel`` (each combining program zeroes its own again), made
     once per device outside graph capture; None while capturing before they exist (then no split)."""
@@ -103,13 +111,12 @@ def _paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     """q [T, H, D] attends over each sequence's paged KV; ``sliding_window``/``softcap`` 0 mean off."""
     num_seqs, (_, num_heads, head_dim) = seq_lens.shape[0], q.shape
     num_kv_heads = k_cache.shape[2]
-    if max_query_len == 1:
-        splits = decode_splits(num_seqs, num_kv_heads, num_heads // num_kv_heads, head_dim, q.device)
-        if splits > 1:
-            out = _split_decode(q, k_cache, v_cache, query_start_loc, seq_lens, block_tables, scale,
-                                sliding_window, softcap, splits)
-            if out is not None:
-                return out
+    splits = _step_splits(q, k_cache, num_seqs, max_query_len)
+    if splits > 1:
+        out = _split_decode(q, k_cache, v_cache, query_start_loc, seq_lens, block_tables, scale, sliding_window,
+                            softcap, splits)
+        if out is not None:
+            return out
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     config = _launch_config(num_heads // num_kv_heads, head_dim, max_query_len)
     grid = (num_seqs, num_kv_heads, triton.cdiv(max_query_len, config["BLOCK_Q"]))
@@ -177,10 +184,8 @@ def paged_attention_int8(q, k_cache, v_cache, attn, scale: float, sliding_window
     kernel (``kernels/int8_blocks.py``): ``(out, words, scales, block sums)``; the blocks are None elsewhere (a
     prefill, a batch the one-program kernel serves, a head size not a power of two), and the reader rounds."""
     tokens, num_heads, head_dim = q.shape
-    num_kv_heads = k_cache.shape[2]
-    if (attn.max_query_len == 1 and not torch.compiler.is_compiling() and head_dim >= 32
-            and head_dim & (head_dim - 1) == 0):
-        splits = decode_splits(attn.num_seqs, num_kv_heads, num_heads // num_kv_heads, head_dim, q.device)
+    if not torch.compiler.is_compiling() and head_dim >= 32 and head_dim & (head_dim - 1) == 0:
+        splits = _step_splits(q, k_cache, attn.num_seqs, int(attn.max_query_len))
         if splits > 1:
             width = num_heads * head_dim
             blocks = (torch.empty(tokens, width // 4, dtype=torch.int32, device=q.device),
