@@ -47,7 +47,8 @@ TOKENS_SWEEP = [(1, 1024, 1, 2, None), (2, 1024, 1, 2, None), (1, 4096, 1, 2, No
 # the token count rounded up (16-64)
 MMQ_COMPARE = [(64, 4, None, 2), (32, 4, None, 2)]
 # (BN, warps, stages, programs per SM for the K split) of the 16-bit tensor-core kernel (triton_dot16)
-DOT16_SWEEP = [(64, 4, 2, 4), (64, 4, 2, 2), (64, 4, 3, 8), (64, 4, 4, 4), (128, 8, 2, 4), (64, 4, 2, 1)]
+DOT16_SWEEP = [(64, 4, 2, 4), (64, 4, 2, 2), (64, 4, 3, 8), (64, 4, 4, 4), (128, 8, 2, 4), (64, 4, 2, 1),
+               (64, 4, 1, 4), (128, 8, 1, 4), (64, 8, 2, 4)]
 DOT16_GROUPS = (1, 2, 4, 8)   # Q4_0/Q8_0 blocks per K-loop iteration (the default launch otherwise)
 MMQ_SWEEP = [(128, 8, None, 2), (64, 4, 2, 3), (64, 4, 4, 3), (32, 2, 2, 3), (32, 4, 4, 3), (16, 1, 4, 3),
              (16, 2, 2, 4), (32, 2, 8, 3), (64, 8, 4, 3), (128, 4, 2, 3)]

@@ -325,11 +325,11 @@ def test_tokens_gemv_within_activation_rounding(name):
 def test_dot16_within_weight_rounding(name, dtype):
     """The 16-bit tensor-core kernel (triton_dot16) against float64 on the dequantized weight (the Triton
     dequantizer, bit-equal to gguf-py's above): each weight rounded once to x's dtype, float32 sums, the
-    result in x's dtype. Rows and tokens off the tile sizes, several launches; and gguf_matmul sends it
-    17-64 tokens."""
+    result in x's dtype. Rows and tokens off the tile sizes, several launches (the default ones by type and
+    tokens, ``DOT16_RULES``, among them); and gguf_matmul sends it 17-64 tokens."""
     from toolkit.kernels.gguf import dot16_ops, triton_ops
     eps = 2 ** -8 if dtype == torch.bfloat16 else 2 ** -10
-    for rows, cols in ((37, 512), (130, 2048)):
+    for rows, cols in ((37, 512), (130, 2048), (66, 8192)):   # 8192 columns: Q6_K's launch rule at 33-64 tokens
         packed, qtype = cuda_case(name, rows, cols, 17)
         weight = gguf_dequantize(packed, qtype, cols, torch.float32).double()
         for tokens in (17, 33, 64):

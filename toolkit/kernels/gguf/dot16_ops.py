@@ -7,6 +7,7 @@ for timing it against them in a whole engine).
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -30,14 +31,48 @@ DOT16_LAUNCH = {"bn": 64, "num_warps": 4, "num_stages": 2, "programs_per_sm": 4,
 DOT16_GROUP = {"Q4_0": 2}
 
 
-def dot16_launch() -> dict:
-    """``DOT16_LAUNCH``, or ``TOOLKIT_GGUF_DOT16_LAUNCH="BN,WARPS,STAGES,PROGRAMS_PER_SM,GROUP"`` (GROUP 0: each
-    type's ``DOT16_GROUP``; for timing alternatives in a whole engine without editing code; malformed: ValueError
-    naming the variable)."""
+@dataclass(frozen=True)
+class Dot16Rule:
+    """Launch values replacing ``DOT16_LAUNCH``'s for type ``name`` at ``bm`` tokens per program (T rounded up to
+    a power of two, 16 to 64), on weights of at least ``min_cols`` columns."""
+    name: str
+    bm: int
+    launch: tuple[tuple[str, int], ...]
+    min_cols: int = 0
+
+    def holds(self, name: str, cols: int, bm: int) -> bool:
+        return name == self.name and bm == self.bm and cols >= self.min_cols
+
+
+# By type and token tile, the first that holds. Session 17 (H100) swept 5 launches (64 or 128 rows per program, 4
+# or 8 warps, 1 or 2 stages; now in ``bench/bench_gguf_kernels.py --variants dot16``) at the 1.5B and 8B Llama
+# shapes and 32/64 tokens (CUDA graphs over weight copies beyond L2), then timed the winners in the engine, because
+# the sweep's per-kernel gains did not all carry over (the 1.5B Q4_0 file at batch 32 kept its tok/s with 128-row
+# programs, though the sweep had its gate/up 16384x2048 at 34.9 against 49.9 us); times are this rule / default:
+# - Q4_0 at 33-64 tokens, 128 rows per program over 8 warps: engine, 1.5B Q4_0 batch 64 19,583 / 20,348 tok/s
+#   against 18,361 / 18,611 with the default (two runs each); the sweep at T=64: 16384x2048 41.2 / 51.8 us,
+#   2048x8192 27.5 / 30.8, 4096x14336 74.7 / 89.4, 28672x4096 139.0 / 151.6.
+# - Q6_K of 8192 columns and more at 33-64 tokens, one stage of loads in flight (the default's two stages of
+#   activation tiles limit the programs per SM): 4096x14336 T=64 80.4-81.5 / 97.9-98.6 us in three sweeps.
+DOT16_RULES = (
+    Dot16Rule("Q4_0", 64, (("bn", 128), ("num_warps", 8))),
+    Dot16Rule("Q6_K", 64, (("num_stages", 1),), min_cols=8192),
+)
+
+
+def dot16_launch(name: str = "", cols: int = 0, bm: int = 0) -> dict:
+    """The launch for type ``name`` at ``bm`` tokens per program on ``cols``-column weights: ``DOT16_LAUNCH`` with
+    the first ``DOT16_RULES`` entry that holds (none with ``TOOLKIT_GGUF_DOT16_RULES=0``), or every call's
+    ``TOOLKIT_GGUF_DOT16_LAUNCH="BN,WARPS,STAGES,PROGRAMS_PER_SM,GROUP"`` (GROUP 0: each type's ``DOT16_GROUP``;
+    for timing alternatives in a whole engine without editing code; malformed: ValueError naming the variable)."""
     setting = os.environ.get("TOOLKIT_GGUF_DOT16_LAUNCH")
-    if not setting:
-        return DOT16_LAUNCH
-    return launch_numbers("TOOLKIT_GGUF_DOT16_LAUNCH", setting, tuple(DOT16_LAUNCH))
+    if setting:
+        return launch_numbers("TOOLKIT_GGUF_DOT16_LAUNCH", setting, tuple(DOT16_LAUNCH))
+    if os.environ.get("TOOLKIT_GGUF_DOT16_RULES", "1") != "0":
+        rule = next((rule for rule in DOT16_RULES if rule.holds(name, cols, bm)), None)
+        if rule is not None:
+            return {**DOT16_LAUNCH, **dict(rule.launch)}
+    return DOT16_LAUNCH
 
 
 def dot16_range() -> tuple[int, int]:
@@ -61,13 +96,14 @@ def dot16_matmul(x: torch.Tensor, data: torch.Tensor, qtype: int, cols: int, bm:
                  bn: int | None = None, num_warps: int | None = None, num_stages: int | None = None,
                  split: int | None = None, programs_per_sm: int | None = None,
                  group: int | None = None) -> torch.Tensor:
-    """``x [T, cols] @ W.T`` -> ``[T, rows]`` in x's dtype (x contiguous, fp16/bf16); launch arguments default
-    to ``dot16_launch()``, ``bm`` (tokens per program) to T rounded up to a power of two, 16 to 64; ``group``
-    (1, 2, 4 or 8): Q4_0/Q8_0 blocks per K-loop iteration (default: ``DOT16_GROUP`` of the type, else 1)."""
+    """``x [T, cols] @ W.T`` -> ``[T, rows]`` in x's dtype (x contiguous, fp16/bf16); ``bm`` (tokens per program)
+    defaults to T rounded up to a power of two, 16 to 64, the other launch arguments to ``dot16_launch`` of the
+    type, columns and ``bm``; ``group`` (1, 2, 4 or 8): Q4_0/Q8_0 blocks per K-loop iteration (default:
+    ``DOT16_GROUP`` of the type, else 1)."""
     tokens, rows = x.shape[0], data.shape[0]
-    launch = dot16_launch()
-    bn = bn or launch["bn"]
     bm = bm or max(16, min(64, triton.next_power_of_2(tokens)))
+    launch = dot16_launch(type_name(qtype), cols, bm)
+    bn = bn or launch["bn"]
     grid_nm = (triton.cdiv(rows, bn), triton.cdiv(tokens, bm))
     superblocks = cols // 256
     if split is None:

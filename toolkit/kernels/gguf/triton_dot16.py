@@ -16,8 +16,9 @@ exactly, one byte permute), and one fused multiply-add per weight takes it to ``
 ``u * 128 scale - (128 scale + offset)``, the per-row constants computed once per sub-block. Q8_0's full signed
 bytes go one byte lower (``byte_floats``: ``1 + (q + 128) / 32768``). The fused multiply-add is exact up to its
 one rounding for Q4_0 and Q8_0; Q4_K's ``128 scale + offset`` may round (2^-24 of it, ~2^-17 of the sub-block's
-scale). Q6_K keeps the int8 conversion (the float-building form measured 10-20% slower there: its unstaged
-loads, not arithmetic, hold it). The weight is then rounded to x's dtype once (bf16: relative 2^-9), where the
+scale). Q6_K keeps the int8 conversion (the float-building form measured 10-20% slower there; reading pairs of
+its 2-aligned super-blocks as 32-bit words, so that the pipeliner stages every load, was 1.3-2x slower still:
+docs/benchmarks.md, run 20). The weight is then rounded to x's dtype once (bf16: relative 2^-9), where the
 int8 kernels round the activations to 8 bits (2^-8 per 32-block); the tests hold it to gguf-py's
 dequantization times x.
 
