@@ -55,20 +55,23 @@ def test_dot16_range_and_launch(monkeypatch):
 
 def test_dot16_launch_rules_by_type_columns_and_token_tile(monkeypatch):
     """The measured rules (``DOT16_RULES``): Q4_0 at 64-token tiles on 128-row programs of 8 warps, Q6_K of 8192+
-    columns at 64-token tiles with one stage; every other call the default launch; the switch and the global
-    override win over them."""
+    columns at 64-token tiles with one stage, Q4_K/Q6_K of 4096+ rows and columns at 32-token tiles split for 8
+    programs per SM; every other call the default launch; the switch and the global override win over them."""
     default = dot16_ops.DOT16_LAUNCH
-    q4_0 = dot16_ops.dot16_launch("Q4_0", 2048, 64)
+    q4_0 = dot16_ops.dot16_launch("Q4_0", 2048, 2048, 64)
     assert (q4_0["bn"], q4_0["num_warps"], q4_0["num_stages"]) == (128, 8, default["num_stages"])
-    assert dot16_ops.dot16_launch("Q6_K", 14336, 64) == {**default, "num_stages": 1}
-    for name, cols, bm in (("Q4_0", 2048, 32), ("Q6_K", 4096, 64), ("Q6_K", 14336, 32), ("Q4_K", 14336, 64),
-                           ("Q8_0", 4096, 64)):
-        assert dot16_ops.dot16_launch(name, cols, bm) is default, (name, cols, bm)
+    assert dot16_ops.dot16_launch("Q6_K", 4096, 14336, 64) == {**default, "num_stages": 1}
+    assert dot16_ops.dot16_launch("Q4_K", 28672, 4096, 32) == {**default, "programs_per_sm": 8}
+    assert dot16_ops.dot16_launch("Q6_K", 4096, 14336, 32) == {**default, "programs_per_sm": 8}
+    for name, rows, cols, bm in (("Q4_0", 2048, 2048, 32), ("Q6_K", 4096, 4096, 64), ("Q4_K", 16384, 2048, 32),
+                                 ("Q4_K", 2048, 8192, 32), ("Q4_K", 4096, 14336, 64), ("Q8_0", 4096, 4096, 64),
+                                 ("Q8_0", 4096, 4096, 32)):
+        assert dot16_ops.dot16_launch(name, rows, cols, bm) is default, (name, rows, cols, bm)
     monkeypatch.setenv("TOOLKIT_GGUF_DOT16_RULES", "0")
-    assert dot16_ops.dot16_launch("Q4_0", 2048, 64) is default
+    assert dot16_ops.dot16_launch("Q4_0", 2048, 2048, 64) is default
     monkeypatch.setenv("TOOLKIT_GGUF_DOT16_LAUNCH", "64,4,3,2,1")
     monkeypatch.delenv("TOOLKIT_GGUF_DOT16_RULES")
-    assert dot16_ops.dot16_launch("Q4_0", 2048, 64)["num_stages"] == 3
+    assert dot16_ops.dot16_launch("Q4_0", 2048, 2048, 64)["num_stages"] == 3
 
 
 def test_dot16_takes_its_types_from_17_to_64_tokens():

@@ -34,14 +34,15 @@ DOT16_GROUP = {"Q4_0": 2}
 @dataclass(frozen=True)
 class Dot16Rule:
     """Launch values replacing ``DOT16_LAUNCH``'s for type ``name`` at ``bm`` tokens per program (T rounded up to
-    a power of two, 16 to 64), on weights of at least ``min_cols`` columns."""
+    a power of two, 16 to 64), on weights of at least ``min_rows`` rows and ``min_cols`` columns."""
     name: str
     bm: int
     launch: tuple[tuple[str, int], ...]
     min_cols: int = 0
+    min_rows: int = 0
 
-    def holds(self, name: str, cols: int, bm: int) -> bool:
-        return name == self.name and bm == self.bm and cols >= self.min_cols
+    def holds(self, name: str, rows: int, cols: int, bm: int) -> bool:
+        return name == self.name and bm == self.bm and cols >= self.min_cols and rows >= self.min_rows
 
 
 # By type and token tile, the first that holds. Session 17 (H100) swept 5 launches (64 or 128 rows per program, 4
@@ -50,18 +51,29 @@ class Dot16Rule:
 # the sweep's per-kernel gains did not all carry over (the 1.5B Q4_0 file at batch 32 kept its tok/s with 128-row
 # programs, though the sweep had its gate/up 16384x2048 at 34.9 against 49.9 us); times are this rule / default:
 # - Q4_0 at 33-64 tokens, 128 rows per program over 8 warps: engine, 1.5B Q4_0 batch 64 19,583 / 20,348 tok/s
-#   against 18,361 / 18,611 with the default (two runs each); the sweep at T=64: 16384x2048 41.2 / 51.8 us,
-#   2048x8192 27.5 / 30.8, 4096x14336 74.7 / 89.4, 28672x4096 139.0 / 151.6.
+#   against 18,361 / 18,611 with the default (two runs each), as a rule 17,328 / 17,960 against 17,022 / 16,580 (in
+#   a call whose llama.cpp build shared the cores); the sweep at T=64: 16384x2048 41.2 / 51.8 us, 2048x8192 27.5 /
+#   30.8, 4096x14336 74.7 / 89.4, 28672x4096 139.0 / 151.6.
 # - Q6_K of 8192 columns and more at 33-64 tokens, one stage of loads in flight (the default's two stages of
-#   activation tiles limit the programs per SM): 4096x14336 T=64 80.4-81.5 / 97.9-98.6 us in three sweeps.
+#   activation tiles limit the programs per SM): 4096x14336 T=64 80.4-81.5 / 97.9-98.6 us in three sweeps; engine,
+#   8B Q4_K_M batch 64 with this and the Q4_0 rule against none, 6,657 / 6,714 against 6,332 / 6,421 tok/s.
+# - Q4_K and Q6_K weights of at least 4096 rows and 4096 columns (the 8B's) at 17-32 tokens, K split for about 8
+#   programs per SM instead of 4: engine, 8B Q4_K_M batch 32 (``TOOLKIT_GGUF_DOT16_LAUNCH=64,4,2,8,0`` against the
+#   default) 4,790 against 4,389 / 4,383 tok/s, 2 and 1 programs per SM lost (3,945-3,956 and 3,102); as rules
+#   (``TOOLKIT_GGUF_DOT16_RULES`` 1 against 0) b32 4,771 / 4,778 against 4,370 / 4,394, b64 6,623 / 6,596 against
+#   6,459 / 6,384. Without the row bound the rule also took the 1.5B Q4_K_M's 2048x8192 ffn_down, and its batch 32
+#   lost 2% (13,809 / 13,913 against 14,162 / 14,080); the 1.5B Q4_0 file was flat with 8 programs per SM for all
+#   its weights (11,907 against 11,984 / 11,985), so Q4_0 keeps 4.
 DOT16_RULES = (
     Dot16Rule("Q4_0", 64, (("bn", 128), ("num_warps", 8))),
     Dot16Rule("Q6_K", 64, (("num_stages", 1),), min_cols=8192),
+    Dot16Rule("Q4_K", 32, (("programs_per_sm", 8),), min_cols=4096, min_rows=4096),
+    Dot16Rule("Q6_K", 32, (("programs_per_sm", 8),), min_cols=4096, min_rows=4096),
 )
 
 
-def dot16_launch(name: str = "", cols: int = 0, bm: int = 0) -> dict:
-    """The launch for type ``name`` at ``bm`` tokens per program on ``cols``-column weights: ``DOT16_LAUNCH`` with
+def dot16_launch(name: str = "", rows: int = 0, cols: int = 0, bm: int = 0) -> dict:
+    """The launch for type ``name`` at ``bm`` tokens per program on ``rows x cols`` weights: ``DOT16_LAUNCH`` with
     the first ``DOT16_RULES`` entry that holds (none with ``TOOLKIT_GGUF_DOT16_RULES=0``), or every call's
     ``TOOLKIT_GGUF_DOT16_LAUNCH="BN,WARPS,STAGES,PROGRAMS_PER_SM,GROUP"`` (GROUP 0: each type's ``DOT16_GROUP``;
     for timing alternatives in a whole engine without editing code; malformed: ValueError naming the variable)."""
@@ -69,7 +81,7 @@ def dot16_launch(name: str = "", cols: int = 0, bm: int = 0) -> dict:
     if setting:
         return launch_numbers("TOOLKIT_GGUF_DOT16_LAUNCH", setting, tuple(DOT16_LAUNCH))
     if os.environ.get("TOOLKIT_GGUF_DOT16_RULES", "1") != "0":
-        rule = next((rule for rule in DOT16_RULES if rule.holds(name, cols, bm)), None)
+        rule = next((rule for rule in DOT16_RULES if rule.holds(name, rows, cols, bm)), None)
         if rule is not None:
             return {**DOT16_LAUNCH, **dict(rule.launch)}
     return DOT16_LAUNCH
@@ -98,11 +110,11 @@ def dot16_matmul(x: torch.Tensor, data: torch.Tensor, qtype: int, cols: int, bm:
                  group: int | None = None) -> torch.Tensor:
     """``x [T, cols] @ W.T`` -> ``[T, rows]`` in x's dtype (x contiguous, fp16/bf16); ``bm`` (tokens per program)
     defaults to T rounded up to a power of two, 16 to 64, the other launch arguments to ``dot16_launch`` of the
-    type, columns and ``bm``; ``group`` (1, 2, 4 or 8): Q4_0/Q8_0 blocks per K-loop iteration (default:
+    type, weight shape and ``bm``; ``group`` (1, 2, 4 or 8): Q4_0/Q8_0 blocks per K-loop iteration (default:
     ``DOT16_GROUP`` of the type, else 1)."""
     tokens, rows = x.shape[0], data.shape[0]
     bm = bm or max(16, min(64, triton.next_power_of_2(tokens)))
-    launch = dot16_launch(type_name(qtype), cols, bm)
+    launch = dot16_launch(type_name(qtype), rows, cols, bm)
     bn = bn or launch["bn"]
     grid_nm = (triton.cdiv(rows, bn), triton.cdiv(tokens, bm))
     superblocks = cols // 256
