@@ -5,7 +5,7 @@ errors) for types without a Triton tile, float32 activations, CPU tensors or mal
 
 Launch choices (measured by ``bench/bench_gguf_kernels.py --sweep``; see the configs below):
 - ``1 <= T <= TOKENS_MAX_TOKENS[type]`` (Q4_0, Q5_0, Q5_K: 8; Q8_0, Q4_K, Q6_K: 4): the token-unrolled
-  int8-activation dp4a GEMV (``triton_gemv_tokens``, launches in ``tokens_config``;
+  int8-activation dp4a GEMV (``triton_gemv_tokens``, host side in ``dp4a_ops``, launches in ``tokens_config``;
   ``TOOLKIT_GGUF_DP4A=0`` turns the int8 kernels off); for the other types at T=1, the float32
   multiply-accumulate kernel (``BM=1``) on word-wise tiles.
 - then up to ``MMQ_MAX_TOKENS[type]`` (Q4_0, Q4_K and Q6_K: 16, Q8_0: 32; Q4_K up to 32 where its
@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import functools
 import math
-import os
 from dataclasses import dataclass
 
 import torch
@@ -29,14 +28,14 @@ import triton
 
 from .bits import IQ4_NL_VALUES
 from .dot16_ops import dot16_matmul, dot16_takes
-from .gemv_launch import (DP4A_STEP, MMQ_EVICTION, TOKENS_MAX_TOKENS, TOKENS_SUM_TYPES,  # noqa: F401
-                          WEIGHT_EVICTION, GemvConfig, eviction, tokens_config)
+from .dp4a_ops import (_HARDWARE_DP4A, _dp4a_ok, activation_blocks, dp4a_enabled,  # noqa: F401 - callers import
+                       dp4a_tokens_matmul, quantize_activations)                  # them from here too
+from .gemv_launch import (DP4A_STEP, MMQ_EVICTION, TOKENS_MAX_TOKENS, TOKENS_SUM_TYPES,  # noqa: F401 - DP4A_STEP,
+                          GemvConfig, eviction)                                     # GemvConfig: callers' names
 from .types import block_size, type_name, type_size
-from .triton_dp4a import quantize_activations_kernel
-from .triton_gemv_tokens import gemv_tokens_kernel
 from .triton_kernels import dequantize_kernel, matmul_kernel
 from .triton_mmq import MMQ_MIN_TYPES, MMQ_TYPES, mmq_kernel
-from ..int8_blocks import Int8Blocks, Int8Input, attached
+from ..int8_blocks import Int8Input
 from ..launch import l2_bytes, num_sms, split_k
 from ..launch import tile_width as _tile_width  # the MoE kernels import it from here
 from ..triton_pdl import launch_options
@@ -136,15 +135,6 @@ def mmq_config(name: str) -> MmqConfig:
     return MMQ_CONFIG_BY_TYPE.get(name, MMQ_CONFIG)
 
 
-# The Triton interpreter (TRITON_INTERPRET=1, CPU) cannot run PTX: the kernels then compute the
-# same integer sums with shifts.
-_HARDWARE_DP4A = os.environ.get("TRITON_INTERPRET") != "1"
-
-
-def dp4a_enabled() -> bool:
-    return os.environ.get("TOOLKIT_GGUF_DP4A", "1") != "0"
-
-
 def _type_args(qtype: int) -> dict:
     name = type_name(qtype)
     return {"QTYPE": int(qtype), "TS": type_size(qtype), "BLOCK": block_size(qtype), "SUB": SUB_BLOCK[name]}
@@ -206,64 +196,6 @@ def fused_matmul(x: torch.Tensor, data: torch.Tensor, qtype: int, cols: int, con
         BM=config.bm, BN=config.bn, BK=bk, num_warps=config.num_warps, num_stages=config.num_stages,
         WORDS=words, **_type_args(qtype))
     return finish_splits(out, x.dtype)
-
-
-def activation_blocks(x: torch.Tensor, sums: bool) -> Int8Blocks:
-    """``x``'s int8 blocks: the ones its producer attached (``int8_blocks``) when they serve, else rounded here.
-
-    Never attached here: x may be a buffer that kernels rewrite without a version bump (a CUDA graph's static
-    output replays into the same tensor object), where blocks kept on it would go stale unseen. A producer's
-    output is a fresh tensor its kernel just wrote."""
-    blocks = attached(x, sums)
-    if blocks is None:
-        words, scales, *block_sums = quantize_activations(x, sums=sums)
-        blocks = Int8Blocks(words, scales, block_sums[0] if sums else None)
-    return blocks
-
-
-def quantize_activations(x: torch.Tensor, sums: bool = False):
-    """``x [T, K]`` -> int8 blocks of 32 packed 4 to an int32 ``[T, K / 4]``, float32 scales ``[T, K / 32]``,
-    and with ``sums`` also ``d * sum(q)`` per block ``[T, K / 32]`` (float32; Q4_K's minimum term)."""
-    tokens, cols = x.shape
-    words = torch.empty(tokens, cols // 4, dtype=torch.int32, device=x.device)
-    scales = torch.empty(tokens, cols // 32, dtype=torch.float32, device=x.device)
-    block_sums = torch.empty_like(scales) if sums else scales
-    bk = _tile_width(cols, 512)
-    quantize_activations_kernel[(tokens, cols // bk)](x, words, scales, block_sums, cols, x.stride(0), BK=bk,
-                                                      SUMS=sums, **launch_options(x.device))
-    return (words, scales, block_sums) if sums else (words, scales)
-
-
-def dp4a_tokens_matmul(x: torch.Tensor, data: torch.Tensor, qtype: int, cols: int,
-                       config: GemvConfig | None = None, unreduced: bool = False) -> torch.Tensor:
-    """``x [T, cols] @ W.T`` for ``T <= 8`` with the token-unrolled dp4a GEMV (``triton_gemv_tokens``):
-    each program reads ``BN`` rows once for all T tokens; ``[T, rows]`` in x's dtype. ``config.bm`` is
-    ignored (the kernel unrolls T rounded up to a power of two). ``unreduced``: split-K partial sums returned as
-    they are (``triton_reduce.finish_splits``)."""
-    name = type_name(qtype)
-    tokens, rows, step = x.shape[0], data.shape[0], DP4A_STEP[name]
-    config = config or tokens_config(name, tokens, rows, cols)
-    blocks = activation_blocks(x, sums=name in TOKENS_SUM_TYPES)
-    words, scales, sums = blocks.words, blocks.scales, blocks.sums if name in TOKENS_SUM_TYPES else None
-    grid_n = triton.cdiv(rows, config.bn)
-    split = config.split or split_k(grid_n, cols // _tile_width(cols, max(config.bk, step)), x.device)
-    while split > 1 and (cols % split or (cols // split) % step):  # each split: whole blocks
-        split -= 1
-    bk = _tile_width(cols // split, max(config.bk, step))
-    out = split_output(split, tokens, rows, x)
-    gemv_tokens_kernel[(grid_n, split)](
-        words, scales, scales if sums is None else sums, data, out, tokens, rows, cols, cols // split,
-        data.stride(0), QTYPE=int(qtype), TS=type_size(qtype), BM=triton.next_power_of_2(tokens), BN=config.bn,
-        BK=bk, DP4A=_HARDWARE_DP4A, EVICT=eviction(WEIGHT_EVICTION, name), num_warps=config.num_warps,
-        num_stages=config.num_stages, **launch_options(x.device))
-    return finish_splits(out, x.dtype, unreduced)
-
-
-def _dp4a_ok(data: torch.Tensor, qtype: int, cols: int) -> bool:
-    name = type_name(qtype)
-    # K-quant tiles of Q4_K/Q5_K read 32-bit words: rows must stay 4-aligned
-    return (name in DP4A_STEP and cols % DP4A_STEP[name] == 0 and dp4a_enabled()
-            and (name not in ("Q4_K", "Q5_K") or data.stride(0) % 4 == 0))
 
 
 def mmq_matmul(x: torch.Tensor, data: torch.Tensor, qtype: int, cols: int, bm: int | None = None,
