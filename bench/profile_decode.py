@@ -1,7 +1,9 @@
 """Where a decode step's GPU time goes: torch.profiler over eager decode steps of the engine.
 
 Eager (no CUDA graph) so the profiler sees every kernel; the kernels are the ones the graphs
-replay. Prints the top kernels by GPU time per step and the number of kernels per step.
+replay. Prints the top kernels by GPU time per step and the number of kernels per step, and the wall time
+per step of as many steps run just before, unprofiled (where it exceeds the timeline's span, the host holds the
+GPU back).
 ``--graphs`` profiles the replayed CUDA graphs instead: the kernels' own times are the same, but the
 timeline then also shows what the step costs beyond them (the GPU idle between kernels, or kernels
 overlapping under PDL), which eager launches hide behind their host time.
@@ -12,6 +14,7 @@ overlapping under PDL), which eager launches hide behind their host time.
 from __future__ import annotations
 
 import argparse
+import time
 
 import torch
 from torch.profiler import ProfilerActivity, profile
@@ -39,19 +42,28 @@ def main() -> None:
         profile_prefill(llm, args)
         return
     prompts = benchmark.random_prompts(args.batch, 128, llm.config.vocab_size, 1)
-    params = toolkit.SamplingParams(max_tokens=args.steps + 1, temperature=0.0, ignore_eos=True)
+    params = toolkit.SamplingParams(max_tokens=2 * args.steps + 1, temperature=0.0, ignore_eos=True)
     for prompt in prompts:
         llm.add_request(prompt, params)
     llm.step()                                                      # prefill, outside the profile
     torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(args.steps):                                     # wall time of as many steps, unprofiled
+        llm.step()
+    torch.cuda.synchronize()
+    plain_ms = (time.perf_counter() - start) / args.steps * 1e3
+    start = time.perf_counter()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(args.steps):
             llm.step()
         torch.cuda.synchronize()
+    wall_ms = (time.perf_counter() - start) / args.steps * 1e3      # with the profiler's own overhead
     events = [e for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA]
     total_us = sum(e.self_device_time_total for e in events) / args.steps
     kernels = sum(e.count for e in events) / args.steps
-    print(f"{args.model} batch {args.batch}: {total_us / 1e3:.2f} ms of GPU kernels per step, {kernels:.0f} kernels/step")
+    print(f"{args.model} batch {args.batch}: {total_us / 1e3:.2f} ms of GPU kernels per step, "
+          f"{kernels:.0f} kernels/step, wall time per step {plain_ms:.2f} ms "
+          f"({wall_ms:.2f} ms profiled, the next {args.steps} steps)")
     for e in sorted(events, key=lambda e: -e.self_device_time_total)[:args.top]:
         print(f"  {e.self_device_time_total / args.steps / 1e3:7.3f} ms  x{e.count / args.steps:5.0f}  {e.key[:110]}")
     kernels = sorted((e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA),
@@ -96,8 +108,6 @@ def profile_prefill(llm, args) -> None:
     """Host (cProfile) and device (torch.profiler) time of ``--steps`` prefills of one prompt."""
     import cProfile  # noqa: PLC0415
     import pstats  # noqa: PLC0415
-    import time  # noqa: PLC0415
-
     from toolkit.core.engine import benchmark  # noqa: PLC0415
 
     benchmark.measure(llm, 1, args.prefill, 1, seed=1)

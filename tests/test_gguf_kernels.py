@@ -329,7 +329,8 @@ def test_dot16_within_weight_rounding(name, dtype):
     tokens, ``DOT16_RULES``, among them); and gguf_matmul sends it 17-64 tokens."""
     from toolkit.kernels.gguf import dot16_ops, triton_ops
     eps = 2 ** -8 if dtype == torch.bfloat16 else 2 ** -10
-    for rows, cols in ((37, 512), (130, 2048), (66, 8192)):   # 8192 columns: Q6_K's launch rule at 33-64 tokens
+    # 8192 columns: Q6_K's launch rule at 33-64 tokens; 8200 rows: a tall weight (row tiles over several waves)
+    for rows, cols in ((37, 512), (130, 2048), (66, 8192), (8200, 512)):
         packed, qtype = cuda_case(name, rows, cols, 17)
         weight = gguf_dequantize(packed, qtype, cols, torch.float32).double()
         for tokens in (17, 33, 64):

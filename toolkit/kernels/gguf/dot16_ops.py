@@ -64,27 +64,49 @@ class Dot16Rule:
 #   6,459 / 6,384. Without the row bound the rule also took the 1.5B Q4_K_M's 2048x8192 ffn_down, and its batch 32
 #   lost 2% (13,809 / 13,913 against 14,162 / 14,080); the 1.5B Q4_0 file was flat with 8 programs per SM for all
 #   its weights (11,907 against 11,984 / 11,985), so Q4_0 keeps 4.
+# - Q4_K of at least 8192 rows and 4096 columns (the 8B's gate/up, 28672x4096) at 33-64 tokens, K split for about 8
+#   programs per SM: session 18's sweep (``.dev``-local, the committed launches plus two new kernel shapes, H100) had
+#   28672x4096 T=64 at 93.5 against 102.1 us (dense bf16 89.0); 4096x14336 51.2 / 51.1, 14336x4096 53.0 / 51.8 and
+#   16384x2048 33.7 / 33.7 (no gain), 4096x4096 21.4 / 18.8 (a loss), hence both bounds. Engine, 8B Q4_K_M batch 64,
+#   this rule (without the column bound, which changes nothing for that file) and a Q6_K one for output heads against
+#   neither: 7,220 / 7,223 against 6,958 / 6,955 tok/s; the Q6_K rule was flat in the sweep (128256x4096 686.8 /
+#   687.9 us, 32000x2048 106.3 / 106.1) and is not kept, nor is the column-less form: it took the 1.5B Q4_K_M's
+#   16384x2048 gate/up, and that file's batch 64 lost 2% (21,910 / 21,892 against 22,339 / 22,250).
 DOT16_RULES = (
     Dot16Rule("Q4_0", 64, (("bn", 128), ("num_warps", 8))),
     Dot16Rule("Q6_K", 64, (("num_stages", 1),), min_cols=8192),
     Dot16Rule("Q4_K", 32, (("programs_per_sm", 8),), min_cols=4096, min_rows=4096),
     Dot16Rule("Q6_K", 32, (("programs_per_sm", 8),), min_cols=4096, min_rows=4096),
+    Dot16Rule("Q4_K", 64, (("programs_per_sm", 8),), min_cols=4096, min_rows=8192),
 )
 
 
 def dot16_launch(name: str = "", rows: int = 0, cols: int = 0, bm: int = 0) -> dict:
     """The launch for type ``name`` at ``bm`` tokens per program on ``rows x cols`` weights: ``DOT16_LAUNCH`` with
-    the first ``DOT16_RULES`` entry that holds (none with ``TOOLKIT_GGUF_DOT16_RULES=0``), or every call's
-    ``TOOLKIT_GGUF_DOT16_LAUNCH="BN,WARPS,STAGES,PROGRAMS_PER_SM,GROUP"`` (GROUP 0: each type's ``DOT16_GROUP``;
-    for timing alternatives in a whole engine without editing code; malformed: ValueError naming the variable)."""
+    the first ``DOT16_RULES`` entry that holds, or every call's ``TOOLKIT_GGUF_DOT16_LAUNCH="BN,WARPS,STAGES,
+    PROGRAMS_PER_SM,GROUP"`` (GROUP 0: each type's ``DOT16_GROUP``). ``TOOLKIT_GGUF_DOT16_RULES``: 0 for none, or
+    the indices of the rules to use ("0,2": the first and third; an index alone is written with a trailing comma,
+    "1,"). Both are for timing alternatives in a whole engine without editing code; a malformed value is a
+    ValueError naming the variable."""
     setting = os.environ.get("TOOLKIT_GGUF_DOT16_LAUNCH")
     if setting:
         return launch_numbers("TOOLKIT_GGUF_DOT16_LAUNCH", setting, tuple(DOT16_LAUNCH))
-    if os.environ.get("TOOLKIT_GGUF_DOT16_RULES", "1") != "0":
-        rule = next((rule for rule in DOT16_RULES if rule.holds(name, rows, cols, bm)), None)
-        if rule is not None:
-            return {**DOT16_LAUNCH, **dict(rule.launch)}
-    return DOT16_LAUNCH
+    rule = next((rule for rule in _rules_in_use() if rule.holds(name, rows, cols, bm)), None)
+    return {**DOT16_LAUNCH, **dict(rule.launch)} if rule is not None else DOT16_LAUNCH
+
+
+def _rules_in_use() -> tuple[Dot16Rule, ...]:
+    """``DOT16_RULES`` as ``TOOLKIT_GGUF_DOT16_RULES`` selects them (read at every call)."""
+    setting = os.environ.get("TOOLKIT_GGUF_DOT16_RULES", "1").strip()
+    if setting == "1":
+        return DOT16_RULES
+    if setting == "0":
+        return ()
+    try:
+        return tuple(DOT16_RULES[int(index)] for index in setting.split(",") if index.strip())
+    except (ValueError, IndexError):
+        raise ValueError(f"TOOLKIT_GGUF_DOT16_RULES={setting!r}: 0, 1, or indices of DOT16_RULES "
+                         f"(0-{len(DOT16_RULES) - 1}) separated by commas") from None
 
 
 def dot16_range() -> tuple[int, int]:
