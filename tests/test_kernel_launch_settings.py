@@ -55,27 +55,26 @@ def test_dot16_range_and_launch(monkeypatch):
 
 def test_dot16_launch_rules_by_type_columns_and_token_tile(monkeypatch):
     """The measured rules (``DOT16_RULES``): Q4_0 at 64-token tiles on 128-row programs of 8 warps, Q6_K of 8192+
-    columns at 64-token tiles with one stage, Q4_K/Q6_K of 4096+ rows and columns at 32-token tiles split for 8
-    programs per SM, Q4_K of 8192+ rows and 4096+ columns likewise at 64-token tiles; every other call the default
-    launch; the switch and the global override win over them."""
+    columns at 64-token tiles with one stage, Q4_K of 4096+ rows and columns at 32-token tiles split for 8 programs
+    per SM, and of 8192+ rows and 4096+ columns likewise at 64-token tiles; every other call the default launch; the
+    switch and the global override win over them."""
     default = dot16_ops.DOT16_LAUNCH
     q4_0 = dot16_ops.dot16_launch("Q4_0", 2048, 2048, 64)
     assert (q4_0["bn"], q4_0["num_warps"], q4_0["num_stages"]) == (128, 8, default["num_stages"])
     assert dot16_ops.dot16_launch("Q6_K", 4096, 14336, 64) == {**default, "num_stages": 1}
     assert dot16_ops.dot16_launch("Q4_K", 28672, 4096, 32) == {**default, "programs_per_sm": 8}
-    assert dot16_ops.dot16_launch("Q6_K", 4096, 14336, 32) == {**default, "programs_per_sm": 8}
     assert dot16_ops.dot16_launch("Q4_K", 28672, 4096, 64) == {**default, "programs_per_sm": 8}
     for name, rows, cols, bm in (("Q4_0", 2048, 2048, 32), ("Q6_K", 4096, 4096, 64), ("Q4_K", 16384, 2048, 32),
                                  ("Q4_K", 2048, 8192, 32), ("Q4_K", 4096, 14336, 64), ("Q8_0", 4096, 4096, 64),
                                  ("Q8_0", 4096, 4096, 32), ("Q4_K", 16384, 2048, 64), ("Q4_K", 4096, 4096, 64),
-                                 ("Q6_K", 128256, 4096, 64)):
+                                 ("Q6_K", 128256, 4096, 64), ("Q6_K", 4096, 14336, 32)):
         assert dot16_ops.dot16_launch(name, rows, cols, bm) is default, (name, rows, cols, bm)
     monkeypatch.setenv("TOOLKIT_GGUF_DOT16_RULES", "0")
     assert dot16_ops.dot16_launch("Q4_0", 2048, 2048, 64) is default
     monkeypatch.setenv("TOOLKIT_GGUF_DOT16_RULES", "1,")              # the second rule alone
     assert dot16_ops.dot16_launch("Q4_0", 2048, 2048, 64) is default
     assert dot16_ops.dot16_launch("Q6_K", 4096, 14336, 64) == {**default, "num_stages": 1}
-    monkeypatch.setenv("TOOLKIT_GGUF_DOT16_RULES", "4, 0")            # in the order given, spaces allowed
+    monkeypatch.setenv("TOOLKIT_GGUF_DOT16_RULES", "3, 0")            # in the order given, spaces allowed
     assert dot16_ops.dot16_launch("Q4_K", 28672, 4096, 64) == {**default, "programs_per_sm": 8}
     assert dot16_ops.dot16_launch("Q4_0", 2048, 2048, 64)["bn"] == 128
     assert dot16_ops.dot16_launch("Q4_K", 28672, 4096, 32) is default
