@@ -81,7 +81,8 @@ def start_interpreter(gpu_tests: str) -> bool:
 # so one imported compiled (by an earlier test file) makes every later one in the chain compiled too.
 GGUF_CHAIN = ("toolkit.kernels.triton_int8", "toolkit.kernels.triton_reduce", "toolkit.kernels.gguf.triton_words",
               "toolkit.kernels.gguf.triton_dp4a", "toolkit.kernels.gguf.triton_kernels", "toolkit.kernels.gguf.triton_mmq",
-              "toolkit.kernels.gguf.triton_dot16", "toolkit.kernels.gguf.dot16_ops", "toolkit.kernels.gguf.dp4a_ops",
+              "toolkit.kernels.gguf.triton_dot16", "toolkit.kernels.gguf.dot16_ops", "toolkit.kernels.gguf.gluon_ops",
+              "toolkit.kernels.gguf.dp4a_ops",
               "toolkit.kernels.gguf.triton_ops",
               "toolkit.kernels.moe_triton", "toolkit.kernels.gguf_moe.triton_moe")
 

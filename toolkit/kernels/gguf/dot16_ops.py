@@ -134,17 +134,20 @@ def dot16_matmul(x: torch.Tensor, data: torch.Tensor, qtype: int, cols: int, bm:
     """``x [T, cols] @ W.T`` -> ``[T, rows]`` in x's dtype (x contiguous, fp16/bf16); ``bm`` (tokens per program)
     defaults to T rounded up to a power of two, 16 to 64, the other launch arguments to ``dot16_launch`` of the
     type, weight shape and ``bm``; ``group`` (1, 2, 4 or 8): Q4_0/Q8_0 blocks per K-loop iteration (default:
-    ``DOT16_GROUP`` of the type, else 1)."""
+    ``DOT16_GROUP`` of the type, else 1). Without launch arguments, a call ``gluon_ops.GLUON_RULES`` takes goes to
+    the Gluon kernel (Q4_K on an H100/H200)."""
     tokens, rows = x.shape[0], data.shape[0]
     bm = bm or max(16, min(64, triton.next_power_of_2(tokens)))
+    if not any((bn, num_warps, num_stages, split, programs_per_sm, group)):  # the dispatch's call, not a benchmark's
+        from .gluon_ops import gluon_matmul, gluon_rule  # noqa: PLC0415 - it imports this module
+
+        rule = gluon_rule(type_name(qtype), rows, cols, bm, x.device)
+        if rule is not None:
+            return gluon_matmul(x, data, cols, bm, rule)
     launch = dot16_launch(type_name(qtype), rows, cols, bm)
     bn = bn or launch["bn"]
-    grid_nm = (triton.cdiv(rows, bn), triton.cdiv(tokens, bm))
-    superblocks = cols // 256
-    if split is None:
-        split = split_k(grid_nm[0] * grid_nm[1], superblocks, x.device, programs_per_sm or launch["programs_per_sm"])
-    while superblocks % split:  # each split: whole super-blocks
-        split -= 1
+    grid_nm, split = tiles_and_split(tokens, rows, cols, bm, bn, x.device, programs_per_sm or launch["programs_per_sm"],
+                                     split)
     out = split_output(split, tokens, rows, x)
     group = group or launch["group"] or DOT16_GROUP.get(type_name(qtype), 1)
     dot16_kernel[(*grid_nm, split)](
@@ -152,3 +155,16 @@ def dot16_matmul(x: torch.Tensor, data: torch.Tensor, qtype: int, cols: int, bm:
         TS=type_size(qtype), BM=bm, BN=bn, GROUP=group, num_warps=num_warps or launch["num_warps"],
         num_stages=num_stages or launch["num_stages"], **launch_options(x.device))
     return finish_splits(out, x.dtype)
+
+
+def tiles_and_split(tokens: int, rows: int, cols: int, bm: int, bn: int, device: torch.device, programs_per_sm: int,
+                    split: int | None = None) -> tuple[tuple[int, int], int]:
+    """The grid's row and token tiles, and the K split: ``split`` (default: about ``programs_per_sm`` programs per SM,
+    ``launch.split_k``) lowered until each split is whole super-blocks of 256 columns."""
+    grid_nm = (triton.cdiv(rows, bn), triton.cdiv(tokens, bm))
+    superblocks = cols // 256
+    if split is None:
+        split = split_k(grid_nm[0] * grid_nm[1], superblocks, device, programs_per_sm)
+    while superblocks % split:
+        split -= 1
+    return grid_nm, split
