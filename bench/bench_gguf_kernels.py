@@ -50,8 +50,16 @@ MMQ_COMPARE = [(64, 4, None, 2), (32, 4, None, 2)]
 DOT16_SWEEP = [(64, 4, 2, 4), (64, 4, 2, 2), (64, 4, 3, 8), (64, 4, 4, 4), (128, 8, 2, 4), (64, 4, 2, 1),
                (64, 4, 1, 4), (128, 8, 1, 4), (64, 8, 2, 4)]
 DOT16_GROUPS = (1, 2, 4, 8)   # Q4_0/Q8_0 blocks per K-loop iteration (the default launch otherwise)
+# (programs per SM for the K split, stages of activations) of the Gluon kernels (gluon_ops), 8-64 tokens
+GLUON_SWEEP = [(4, 2), (8, 2), (2, 2), (4, 3)]
 MMQ_SWEEP = [(128, 8, None, 2), (64, 4, 2, 3), (64, 4, 4, 3), (32, 2, 2, 3), (32, 4, 4, 3), (16, 1, 4, 3),
              (16, 2, 2, 4), (32, 2, 8, 3), (64, 8, 4, 3), (128, 4, 2, 3)]
+
+
+def _gluon_runs() -> bool:
+    """Whether this GPU runs the Gluon kernels (compute capability 9.0 and a Triton with Gluon)."""
+    from toolkit.kernels.gguf import gluon_ops
+    return gluon_ops._runs_on(torch.device("cuda"))
 
 
 def random_packed(name: str, rows: int, cols: int) -> torch.Tensor:
@@ -80,7 +88,7 @@ def variants(name: str, rows: int, cols: int, tokens: int, sweep: bool, copies: 
 
 def _all_variants(name: str, rows: int, cols: int, tokens: int, sweep: bool, copies: int = 1) -> dict:
     from gguf import GGMLQuantizationType
-    from toolkit.kernels.gguf import dot16_ops, reference, triton_ops
+    from toolkit.kernels.gguf import dot16_ops, gluon_ops, reference, triton_ops
     qtype = int(GGMLQuantizationType[name])
     weights = []
     for _ in range(copies):
@@ -123,6 +131,13 @@ def _all_variants(name: str, rows: int, cols: int, tokens: int, sweep: bool, cop
         for group in DOT16_GROUPS if name in ("Q4_0", "Q8_0") else ():
             out[f"dot16_g{group}"] = each(
                 lambda data, dense, group=group: dot16_ops.dot16_matmul(x, data, qtype, cols, group=group))
+    if regime in ("small", "batch") and 8 <= tokens <= 64 and name in ("Q4_K", "Q6_K", "Q4_0") and _gluon_runs():
+        # the Gluon kernels (H100/H200): "dot16_default" above is one of them where GLUON_RULES take the shape
+        bm = 16 if tokens <= 16 else 32 if tokens <= 32 else 64  # the dispatch's token tile
+        for per_sm, stages in GLUON_SWEEP:
+            out[f"gluon_m{per_sm}p{stages}"] = each(
+                lambda data, dense, per_sm=per_sm, stages=stages: gluon_ops.gluon_matmul(
+                    x, data, name, cols, bm, programs_per_sm=per_sm, stages=stages))
     if regime != "decode":
         out["triton_dequant+mm"] = each(lambda data, dense: x @ triton_ops.gguf_dequantize(data, qtype, cols,
                                                                                            x.dtype).T)

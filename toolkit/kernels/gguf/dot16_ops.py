@@ -34,15 +34,19 @@ DOT16_GROUP = {"Q4_0": 2}
 @dataclass(frozen=True)
 class Dot16Rule:
     """Launch values replacing ``DOT16_LAUNCH``'s for type ``name`` at ``bm`` tokens per program (T rounded up to
-    a power of two, 16 to 64), on weights of at least ``min_rows`` rows and ``min_cols`` columns."""
+    a power of two, 16 to 64), on weights of at least ``min_rows`` rows and ``min_cols`` columns (``gluon_ops``'
+    rules also bound the tokens: ``min_tokens``)."""
     name: str
     bm: int
     launch: tuple[tuple[str, int], ...]
     min_cols: int = 0
     min_rows: int = 0
+    min_tokens: int = 0
 
-    def holds(self, name: str, rows: int, cols: int, bm: int) -> bool:
-        return name == self.name and bm == self.bm and cols >= self.min_cols and rows >= self.min_rows
+    def holds(self, name: str, rows: int, cols: int, bm: int, tokens: int = 0) -> bool:
+        """``tokens``: the call's; a rule with ``min_tokens`` holds only from there (0 where callers do not tell)."""
+        return (name == self.name and bm == self.bm and cols >= self.min_cols and rows >= self.min_rows
+                and (not self.min_tokens or tokens >= self.min_tokens))
 
 
 # By type and token tile, the first that holds. Session 17 (H100) swept 5 launches (64 or 128 rows per program, 4
@@ -119,12 +123,19 @@ def dot16_range() -> tuple[int, int]:
 
 def dot16_takes(data: torch.Tensor, qtype: int, cols: int, tokens: int) -> bool:
     """Whether the kernel takes this call (data already checked by ``triton_ops._packed_ok``): its types and
-    token range (``dot16_range``), ahead of the int8 kernels."""
+    token range (``dot16_range``), ahead of the int8 kernels; below that range, the calls a Gluon kernel takes
+    (``gluon_ops.GLUON_RULES`` of 16-token tiles)."""
     first, last = dot16_range()
     name = type_name(qtype)
-    if not (first <= tokens <= last and name in DOT16_TYPES and cols % 256 == 0):
+    if not (tokens <= last and name in DOT16_TYPES and cols % 256 == 0):
         return False
-    return name != "Q4_K" or data.stride(0) % 4 == 0  # its scales are read as 32-bit words: rows 4-aligned
+    if name == "Q4_K" and data.stride(0) % 4:  # its scales are read as 32-bit words: rows 4-aligned
+        return False
+    if tokens >= first:
+        return True
+    from .gluon_ops import gluon_rule  # noqa: PLC0415 - it imports this module
+
+    return gluon_rule(name, data.shape[0], cols, 16, data.device, tokens) is not None  # fewer: where Gluon serves
 
 
 def dot16_matmul(x: torch.Tensor, data: torch.Tensor, qtype: int, cols: int, bm: int | None = None,
@@ -135,15 +146,15 @@ def dot16_matmul(x: torch.Tensor, data: torch.Tensor, qtype: int, cols: int, bm:
     defaults to T rounded up to a power of two, 16 to 64, the other launch arguments to ``dot16_launch`` of the
     type, weight shape and ``bm``; ``group`` (1, 2, 4 or 8): Q4_0/Q8_0 blocks per K-loop iteration (default:
     ``DOT16_GROUP`` of the type, else 1). Without launch arguments, a call ``gluon_ops.GLUON_RULES`` takes goes to
-    the Gluon kernel (Q4_K on an H100/H200)."""
+    a Gluon kernel (Q4_K, Q6_K, Q4_0 on an H100/H200)."""
     tokens, rows = x.shape[0], data.shape[0]
     bm = bm or max(16, min(64, triton.next_power_of_2(tokens)))
     if not any((bn, num_warps, num_stages, split, programs_per_sm, group)):  # the dispatch's call, not a benchmark's
         from .gluon_ops import gluon_matmul, gluon_rule  # noqa: PLC0415 - it imports this module
 
-        rule = gluon_rule(type_name(qtype), rows, cols, bm, x.device)
+        rule = gluon_rule(type_name(qtype), rows, cols, bm, x.device, tokens)
         if rule is not None:
-            return gluon_matmul(x, data, cols, bm, rule)
+            return gluon_matmul(x, data, type_name(qtype), cols, bm, rule)
     launch = dot16_launch(type_name(qtype), rows, cols, bm)
     bn = bn or launch["bn"]
     grid_nm, split = tiles_and_split(tokens, rows, cols, bm, bn, x.device, programs_per_sm or launch["programs_per_sm"],
