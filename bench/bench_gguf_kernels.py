@@ -133,7 +133,7 @@ def _all_variants(name: str, rows: int, cols: int, tokens: int, sweep: bool, cop
                 lambda data, dense, group=group: dot16_ops.dot16_matmul(x, data, qtype, cols, group=group))
     if regime in ("small", "batch") and 8 <= tokens <= 64 and name in ("Q4_K", "Q6_K", "Q4_0") and _gluon_runs():
         # the Gluon kernels (H100/H200): "dot16_default" above is one of them where GLUON_RULES take the shape
-        bm = 16 if tokens <= 16 else 32 if tokens <= 32 else 64  # the dispatch's token tile
+        bm = dot16_ops.token_tile(tokens)  # the dispatch's
         for per_sm, stages in GLUON_SWEEP:
             out[f"gluon_m{per_sm}p{stages}"] = each(
                 lambda data, dense, per_sm=per_sm, stages=stages: gluon_ops.gluon_matmul(

@@ -148,7 +148,7 @@ def dot16_matmul(x: torch.Tensor, data: torch.Tensor, qtype: int, cols: int, bm:
     ``DOT16_GROUP`` of the type, else 1). Without launch arguments, a call ``gluon_ops.GLUON_RULES`` takes goes to
     a Gluon kernel (Q4_K, Q6_K, Q4_0 on an H100/H200)."""
     tokens, rows = x.shape[0], data.shape[0]
-    bm = bm or max(16, min(64, triton.next_power_of_2(tokens)))
+    bm = bm or token_tile(tokens)
     if not any((bn, num_warps, num_stages, split, programs_per_sm, group)):  # the dispatch's call, not a benchmark's
         from .gluon_ops import gluon_matmul, gluon_rule  # noqa: PLC0415 - it imports this module
 
@@ -166,6 +166,11 @@ def dot16_matmul(x: torch.Tensor, data: torch.Tensor, qtype: int, cols: int, bm:
         TS=type_size(qtype), BM=bm, BN=bn, GROUP=group, num_warps=num_warps or launch["num_warps"],
         num_stages=num_stages or launch["num_stages"], **launch_options(x.device))
     return finish_splits(out, x.dtype)
+
+
+def token_tile(tokens: int) -> int:
+    """Tokens per program for ``tokens`` activation rows: their count rounded up to a power of two, 16 to 64."""
+    return max(16, min(64, triton.next_power_of_2(tokens)))
 
 
 def tiles_and_split(tokens: int, rows: int, cols: int, bm: int, bn: int, device: torch.device, programs_per_sm: int,

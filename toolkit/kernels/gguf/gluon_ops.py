@@ -1,5 +1,5 @@
-"""Host side of the Gluon GGUF kernels (``gluon_q4_k``, ``gluon_q6_k``, ``gluon_q4_0``): which 17-64-token calls they
-take from the 16-bit Triton kernel, and their launch.
+"""Host side of the Gluon GGUF kernels (``gluon_q4_k``, ``gluon_q6_k``, ``gluon_q4_0``): which calls they take, from
+the 16-bit Triton kernel (17-64 tokens) and from the int8 one (8-16 tokens), and their launch.
 
 They run only where warpgroup MMAs exist (compute capability 9.0: H100/H200) and Triton ships Gluon; anywhere else,
 and with ``TOOLKIT_GGUF_GLUON=0`` (for timing both in one engine), ``dot16_matmul`` keeps ``triton_dot16``.

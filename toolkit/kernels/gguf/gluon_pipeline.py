@@ -45,8 +45,9 @@ HIGH_UNIT_PTX = gl.constexpr(
 
 
 @constexpr_function
-def copy_layout(rows, num_warps):
-    """Blocked layout of a ``[rows, 32]`` activation block for cp.async: 16 bytes (8 bf16) per thread and copy."""
+def copy_layout(num_warps):
+    """Blocked layout of a ``[rows, 32]`` activation block for cp.async (any row count): 16 bytes (8 bf16) per thread
+    and copy."""
     return gl.BlockedLayout([1, 8], [8, 4], [num_warps, 1], [1, 0])
 
 

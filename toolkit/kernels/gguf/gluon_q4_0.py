@@ -21,7 +21,7 @@ from .gluon_pipeline import (HIGH_UNIT_PTX, LOW_UNIT_PTX, activation_ring, activ
                              copy_activations, copy_layout, mma_in_flight, operand_layouts, pairs_layout, refill,
                              store_result, wait_for_previous, weight_rows)
 
-Q40_BYTES = 18
+Q40_BYTES = gl.constexpr(18)
 
 
 @constexpr_function
@@ -39,7 +39,7 @@ def words_layout(pairs):
 @gluon.jit
 def _load_block(rows, b, words):
     """Block ``b`` of each row: d's bits (``[BN]`` uint16) and qs as ``[BN, 8]`` byte pairs (uint16)."""
-    block = (rows + b * 18).to(gl.pointer_type(gl.uint16))
+    block = (rows + b * Q40_BYTES).to(gl.pointer_type(gl.uint16))
     return gl.load(block), gl.load(block[:, None] + 1 + words[None, :])
 
 
@@ -106,7 +106,7 @@ def gluon_q40_kernel(x_ptr, w_ptr, out_ptr, T, N, K, K_SPLIT, stride_x, row_byte
     mma: gl.constexpr = operand_layouts(BN, BM, num_warps)[0]
     a_layout: gl.constexpr = operand_layouts(BN, BM, num_warps)[1]
     wl: gl.constexpr = words_layout(pairs_layout(gl.to_linear_layout(a_layout, [BN, 32])))
-    xl: gl.constexpr = copy_layout(GROUP * BM, num_warps)
+    xl: gl.constexpr = copy_layout(num_warps)
 
     pid_n = gl.program_id(0)
     pid_m = gl.program_id(1)

@@ -20,13 +20,13 @@ from .gluon_pipeline import (HIGH_UNIT_PTX, LOW_UNIT_PTX, activation_ring, activ
 from .triton_mmq import _k_scale_min_words
 from .triton_words import half_bits
 
-Q4K_BYTES = 144
+Q4K_BYTES = gl.constexpr(144)
 
 
 @gluon.jit
 def _load_header(rows, sb):
     """A super-block's d | dmin << 16 and three scale words, ``[BN]`` uint32 each."""
-    words = (rows + sb * 144).to(gl.pointer_type(gl.uint32))
+    words = (rows + sb * Q4K_BYTES).to(gl.pointer_type(gl.uint32))
     return gl.load(words), gl.load(words + 1), gl.load(words + 2), gl.load(words + 3)
 
 
@@ -34,7 +34,7 @@ def _load_header(rows, sb):
 def _load_pairs(rows, sb, p: gl.constexpr, pairs):
     """Quant bytes 32 p .. 32 p + 31 of a super-block as ``[BN, 16]`` byte pairs (uint16): low nibbles sub-block
     2 p, high nibbles sub-block 2 p + 1."""
-    return gl.load((rows + sb * 144 + 16 + 32 * p).to(gl.pointer_type(gl.uint16))[:, None] + pairs[None, :])
+    return gl.load((rows + sb * Q4K_BYTES + 16 + 32 * p).to(gl.pointer_type(gl.uint16))[:, None] + pairs[None, :])
 
 
 @gluon.jit
@@ -103,7 +103,7 @@ def gluon_q4k_kernel(x_ptr, w_ptr, out_ptr, T, N, K, K_SPLIT, stride_x, row_byte
     mma: gl.constexpr = operand_layouts(BN, BM, num_warps)[0]
     a_layout: gl.constexpr = operand_layouts(BN, BM, num_warps)[1]
     ql: gl.constexpr = pairs_layout(gl.to_linear_layout(a_layout, [BN, 32]))
-    xl: gl.constexpr = copy_layout(8 * BM, num_warps)
+    xl: gl.constexpr = copy_layout(num_warps)
 
     pid_n = gl.program_id(0)
     pid_m = gl.program_id(1)

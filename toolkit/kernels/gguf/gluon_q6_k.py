@@ -24,7 +24,7 @@ from .gluon_pipeline import (activation_ring, activation_source, activations_rea
                              mma_in_flight, operand_layouts, pairs_layout, refill, store_result, wait_for_previous,
                              weight_rows)
 
-Q6K_BYTES = 210
+Q6K_BYTES = gl.constexpr(210)
 REGISTER_CAP = {64: 168}  # by BM: see the module's docstring
 
 
@@ -48,13 +48,13 @@ UNIT_PTX3 = gl.constexpr(_unit_ptx(3))
 @gluon.jit
 def _load_tile(rows, sb, offset: gl.constexpr, pairs):
     """Bytes ``offset .. offset + 31`` of super-block ``sb`` of each row as ``[BN, 16]`` byte pairs (uint16)."""
-    return gl.load((rows + sb * 210 + offset).to(gl.pointer_type(gl.uint16))[:, None] + pairs[None, :])
+    return gl.load((rows + sb * Q6K_BYTES + offset).to(gl.pointer_type(gl.uint16))[:, None] + pairs[None, :])
 
 
 @gluon.jit
 def _load_word(rows, sb, offset: gl.constexpr):
     """The uint16 at byte ``offset`` of super-block ``sb`` of each row, ``[BN]``."""
-    return gl.load((rows + sb * 210 + offset).to(gl.pointer_type(gl.uint16)))
+    return gl.load((rows + sb * Q6K_BYTES + offset).to(gl.pointer_type(gl.uint16)))
 
 
 @gluon.jit
@@ -146,7 +146,7 @@ def gluon_q6k_kernel(x_ptr, w_ptr, out_ptr, T, N, K, K_SPLIT, stride_x, row_byte
     mma: gl.constexpr = operand_layouts(BN, BM, num_warps)[0]
     a_layout: gl.constexpr = operand_layouts(BN, BM, num_warps)[1]
     ql: gl.constexpr = pairs_layout(gl.to_linear_layout(a_layout, [BN, 32]))
-    xl: gl.constexpr = copy_layout(8 * BM, num_warps)
+    xl: gl.constexpr = copy_layout(num_warps)
 
     pid_n = gl.program_id(0)
     pid_m = gl.program_id(1)
