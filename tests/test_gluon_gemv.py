@@ -1,0 +1,152 @@
+"""The one-token Gluon GEMV (``kernels/gguf/gluon_gemv``, host side ``gluon_ops.gluon_gemv``): which calls it takes,
+its compiled form for an H100 (no GPU needed), and its numbers against gguf-py's dequantization (on an H100/H200
+only: no interpreter runs Gluon)."""
+from __future__ import annotations
+
+import importlib.util
+import re
+import textwrap
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+from gguf.quants import dequantize
+
+from toolkit.kernels.gguf import gluon_ops
+from triton_interpreter import compile_in_fresh_process
+
+HAS_GLUON = importlib.util.find_spec("triton") is not None and \
+    importlib.util.find_spec("triton.experimental.gluon") is not None
+
+
+def _packed(name: str, rows: int, cols: int) -> torch.Tensor:
+    size, nbytes = GGML_QUANT_SIZES[GGMLQuantizationType[name]]
+    return torch.zeros(rows, cols // size * nbytes, dtype=torch.uint8)
+
+
+@pytest.mark.parametrize("name, rows, cols, launch", [
+    ("Q4_K", 28672, 4096, (8, 4, 1)), ("Q4_K", 16384, 2048, (8, 4, 1)), ("Q4_K", 4096, 4096, (8, 2, 1)), ("Q4_K", 2048, 2048, (8, 2, 1)),
+    ("Q4_K", 4096, 14336, (4, 4, 1)), ("Q4_K", 2048, 8192, None), ("Q6_K", 4096, 4096, None),
+    ("Q4_0", 4096, 4096, None), ("Q8_0", 4096, 4096, None), ("Q5_K", 4096, 4096, None)])
+def test_launch_by_type_and_shape(monkeypatch, name, rows, cols, launch):
+    """Q4_K alone, at the shapes the H100 sweep measured it faster (``GEMV_RULES``)."""
+    monkeypatch.delenv("TOOLKIT_GGUF_GLUON_GEMV", raising=False)
+    monkeypatch.delenv("TOOLKIT_GGUF_GLUON_GEMV_LAUNCH", raising=False)
+    monkeypatch.setattr(gluon_ops, "_runs_on", lambda device: True)
+    assert gluon_ops.gemv_launch(name, _packed(name, rows, cols), cols) == launch
+
+
+def test_not_taken_off_the_gpu_turned_off_or_unaligned(monkeypatch):
+    data = _packed("Q4_K", 64, 4096)
+    monkeypatch.delenv("TOOLKIT_GGUF_GLUON_GEMV", raising=False)
+    monkeypatch.delenv("TOOLKIT_GGUF_GLUON_GEMV_LAUNCH", raising=False)
+    assert gluon_ops.gemv_launch("Q4_K", data, 4096) is None                    # a CPU tensor
+    monkeypatch.setattr(gluon_ops, "_runs_on", lambda device: True)
+    assert gluon_ops.gemv_launch("Q4_K", data, 4096) is not None
+    monkeypatch.setenv("TOOLKIT_GGUF_GLUON_GEMV", "0")
+    assert gluon_ops.gemv_launch("Q4_K", data, 4096) is None
+    monkeypatch.delenv("TOOLKIT_GGUF_GLUON_GEMV")
+    flat = torch.zeros(64 * 2304 + 4, dtype=torch.uint8)
+    assert gluon_ops.gemv_launch("Q4_K", flat[4:].view(64, 2304), 4096) is None   # rows off a 16-byte boundary
+    scales = torch.zeros(129, dtype=torch.float32)[1:]                              # activation blocks too
+    assert gluon_ops.gemv_launch("Q4_K", data, 4096, scales) is None
+
+
+SCRIPT = textwrap.dedent("""
+    import json
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+    from toolkit.kernels.gguf.gluon_gemv import gluon_gemv_q4k_kernel as kernel
+
+    cases = {}
+    for sb_step, rpt, warps in ((4, 1, 1), (2, 1, 1), (1, 1, 1), (4, 2, 4)):
+        constexprs = {"SB_STEP": sb_step, "RPT": rpt, "num_warps": warps, "PDL": True}
+        signature = {arg: "constexpr" if arg in constexprs else "*i32" if arg == "xq_ptr" else "*u8"
+                     if arg == "w_ptr" else "*bf16" if arg == "out_ptr" else "*fp32" if arg.endswith("_ptr")
+                     else "i32" for arg in kernel.arg_names}
+        aligned = {(kernel.arg_names.index(arg),): [["tt.divisibility", 16]]
+                   for arg in ("xq_ptr", "xd_ptr", "xs_ptr", "w_ptr", "out_ptr", "row_bytes", "K", "K_SPLIT")}
+        compiled = triton.compile(GluonASTSource(kernel, signature, constexprs, aligned),
+                                  target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "launch_pdl": True})
+        cases[f"{sb_step} {rpt} {warps}"] = {"ptx": compiled.asm["ptx"], "rpt": rpt}
+    print(json.dumps(cases))
+""")
+
+
+def _loop(ptx: str) -> list[str]:
+    """The lines of the longest labelled region that branches back to its own label: the K loop."""
+    lines, best = [line.strip() for line in ptx.splitlines()], []
+    for start, line in enumerate(lines):
+        label = re.match(r"(\$L__BB\d+_\d+):", line)
+        if label:
+            back = re.compile(r"\bbra(\.uni)?\s+" + re.escape(label.group(1)) + ";")
+            end = next((i for i in range(start + 1, len(lines)) if back.search(lines[i])), None)
+            if end is not None and end - start > len(best):
+                best = lines[start:end + 1]
+    return best
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not HAS_GLUON, reason="Triton with Gluon is not installed")
+def test_compiled_for_sm90_each_thread_sums_its_group_alone():
+    """What the kernel is for, in the code ptxas receives: per step a thread loads its group's 32 quant bytes of each
+    of its rows as two 16-byte vectors and their activations once as four, runs 16 dp4a per row, and nothing in the
+    loop crosses threads (no shuffle,
+    no shared memory); and the PDL contract (``triton_pdl``): weights load before ``griddepcontrol.wait``, nothing
+    is stored before it, and the next kernel is not let in early."""
+    cases = compile_in_fresh_process(SCRIPT)
+    assert len(cases) == 4
+    for launch, case in cases.items():
+        ptx, rpt = case["ptx"], case["rpt"]
+        loop = _loop(ptx)
+        vectors = [line for line in loop if re.match(r"ld\.global(\.\S+)*\.v4\.b32", line)]
+        assert len(vectors) == 2 * rpt + 4, (launch, vectors)     # quants of each row, activations once
+        assert sum(line.startswith("dp4a.s32.s32") for line in loop) == 16 * rpt, launch
+        assert not any("shfl" in line or "ld.shared" in line or "bar.sync" in line for line in loop), launch
+        lines = ptx.splitlines()
+        gdc = next(i for i, line in enumerate(lines) if "griddepcontrol.wait" in line)
+        assert any("ld.global" in line for line in lines[:gdc]), "weights load after the wait"
+        assert not any("st.global" in line for line in lines[:gdc]), "out written before the wait"
+        assert not any("griddepcontrol.launch_dependents" in line for line in lines)
+
+
+def _h100() -> bool:
+    return torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0) and HAS_GLUON
+
+
+def _random_q4k(rows: int, cols: int, rng) -> np.ndarray:
+    blocks = rng.integers(0, 256, (rows * cols // 256, 144), dtype=np.uint8)
+    blocks[:, 0:4] = rng.uniform(-0.02, 0.02, (blocks.shape[0], 2)).astype(np.float16).view(np.uint8)  # d, dmin
+    return blocks.reshape(rows, -1)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _h100(), reason="needs an H100/H200 (sm_90) and Triton with Gluon")
+def test_within_activation_rounding_of_gguf_py(monkeypatch):
+    """Against float64 on gguf-py's dequantization, within what rounding x to int8 blocks of 32 can move the
+    result (the bound of the Triton GEMV's test): rows off the program size, K split and not, 1-4 super-blocks per
+    step, 1 and 4 warps; and the dispatch sends one-token Q4_K calls to it (``gguf_matmul`` gives the same bits)."""
+    from test_gguf_kernels import activation_rounding_bound
+    from toolkit.kernels.gguf import dp4a_ops, gemv_launch, triton_ops
+    qtype = int(GGMLQuantizationType.Q4_K)
+    rng = np.random.default_rng(7)
+    for rows, cols in ((37, 1024), (130, 2048), (1000, 4096), (8200, 4096), (64, 14336)):
+        packed = _random_q4k(rows, cols, rng)
+        weight = torch.from_numpy(dequantize(packed, GGMLQuantizationType.Q4_K).astype(np.float64)).cuda()
+        data = torch.from_numpy(packed).cuda()
+        x = torch.randn(1, cols, device="cuda").to(torch.bfloat16)
+        exact = x.double() @ weight.T
+        bound = 3 * 2 ** -8 * (x.double().abs() @ weight.abs().T) + activation_rounding_bound(x, weight)
+        words, scales, sums = dp4a_ops.quantize_activations(x, sums=True)
+        for launch, split in (((4, 1, 1), None), ((2, 1, 1), 1), ((1, 1, 1), 2), ((4, 2, 4), None),
+                              ((2, 2, 1), 4), ((8, 2, 1), None), ((4, 4, 1), 2), ((8, 4, 1), None)):
+            got = gluon_ops.gluon_gemv(words, scales, sums, data, cols, x, launch, split)
+            assert got.shape == (1, rows) and got.dtype == torch.bfloat16
+            assert ((got.double() - exact).abs() <= bound).all(), (rows, cols, launch, split)
+        launch = gluon_ops.gemv_launch("Q4_K", data, cols, words, scales, sums)
+        if launch is not None:
+            split = gemv_launch.tokens_config("Q4_K", 1, rows, cols).split
+            assert torch.equal(triton_ops.gguf_matmul(x, data, qtype, cols),
+                               gluon_ops.gluon_gemv(words, scales, sums, data, cols, x, launch, split))

@@ -1,0 +1,128 @@
+"""One-token GGUF GEMV in Gluon (Q4_K): each thread owns one 64-column group of a super-block, whole.
+
+Why: the one-token GEMV streams weights, and at 1 token its arithmetic is small, yet ``triton_gemv_tokens`` spends
+~270 instructions per warp and step on 1,152 weight bytes (Q4_K, two rows of 1,024 columns: sm_90 SASS of its loop).
+Triton lays the step's ``[rows, super-block, group, 8 words]`` tensor out with four words per thread, so every dot
+product is summed across two threads (shuffles) and the group's scales and activations are converted between layouts
+each step. A pure-load kernel of the same access pattern streams at 84-86% of a device copy on an H100; with ~8
+dependent integer operations per loaded word it falls to ~80%, with ~24 to ~60% (``.dev`` stream test, session 20):
+the GEMV is short of bandwidth because it is short of issue slots. Here the layout is explicit: a thread holds the 8
+quant words of one group (two 16-byte loads), its 16 activation words, and the group's two scales and minimums, so
+its two dot products are in-thread dp4a chains; partial sums stay per thread until the end, where one reduction per
+row crosses threads.
+
+Math as ``triton_gemv_tokens``' Q4_K branch (activations as int8 blocks of 32 with float32 scales ``xd`` and
+``xs = xd * sum(q)``): per 32-column sub-block ``d sc xd dot(q, x) - dmin mn xs``, float32 sums.
+"""
+from __future__ import annotations
+
+from triton.experimental import gluon
+from triton.experimental.gluon import constexpr_function
+from triton.experimental.gluon import language as gl
+
+from .gluon_pipeline import wait_for_previous
+from .triton_words import _k_scale_min, half_bits
+
+Q4K_BYTES = gl.constexpr(144)
+LOW4 = gl.constexpr(0x0F0F0F0F)
+
+
+@constexpr_function
+def group_layout(UPR, RPT, num_warps):
+    """``[rows, UPR groups, 8 words]``: a thread's 8 words of ``RPT`` rows in its registers, ``UPR`` threads per row
+    (super-blocks per step x 4 groups), the rest of the warp and the other warps on more rows."""
+    return gl.BlockedLayout([RPT, 1, 8], [32 // UPR, UPR, 1], [num_warps, 1, 1], [2, 1, 0])
+
+
+@gluon.jit
+def _dot8(w, x):
+    """``sum over the last axis (8 words) of dp4a(w, x)`` for signed bytes: one chain of dp4a in each thread."""
+    acc = gl.sum(gl.inline_asm_elementwise("dp4a.s32.s32 $0, $1, $2, 0;", "=r,r,r", [w, x], dtype=gl.int32,
+                                           is_pure=True, pack=1), axis=2)
+    return acc.to(gl.float32)
+
+
+@gluon.jit
+def _pair(ptr):
+    """Two adjacent 32-bit words at 8-byte-aligned ``ptr`` (one 64-bit load): ``(first, second)`` as uint32."""
+    both = gl.load(ptr.to(gl.pointer_type(gl.uint64)), eviction_policy="evict_first")
+    return (both & 0xFFFFFFFF).to(gl.uint32), (both >> 32).to(gl.uint32)
+
+
+@gluon.jit
+def _floats(ptr):
+    """Two adjacent float32 at 8-byte-aligned ``ptr`` (one 64-bit load)."""
+    both = gl.load(ptr.to(gl.pointer_type(gl.uint64)))
+    return ((both & 0xFFFFFFFF).to(gl.uint32).to(gl.float32, bitcast=True),
+            (both >> 32).to(gl.uint32).to(gl.float32, bitcast=True))
+
+
+@gluon.jit
+def _q4k_weights(rows, sb0, head, quants, word):
+    """The packed bytes of each thread's group of super-block ``sb0`` + its own offset: ``head``, ``quants [1, UPR]``
+    are byte offsets in a row (its super-block, its group), ``word [1, 1, 8]`` word indices. Returns the header word
+    ``d | dmin << 16`` and three scale words ``[R, UPR]``, the 8 quant words ``[R, UPR, 8]``. Weights are read once:
+    loaded to leave L1 first, keeping the activations there."""
+    row = rows + sb0 * Q4K_BYTES                                                         # [R, 1]
+    dd, sw0 = _pair(row + head)
+    sw1, sw2 = _pair(row + head + 8)
+    w = gl.load((row + quants).to(gl.pointer_type(gl.uint32))[:, :, None] + word, eviction_policy="evict_first")
+    return dd, sw0, sw1, sw2, w
+
+
+@gluon.jit
+def _q4k_sums(dd, sw0, sw1, sw2, w, g, x_lo, x_hi, xd, xs):
+    """Each thread's partial sums ``[R, UPR]`` of its group ``g`` against its activations: int8 words ``x_lo``/``x_hi
+    [UPR, 8]`` (of the group's low / high 32 columns, loaded once for the thread's rows) and the pointers ``xd``,
+    ``xs [UPR]`` to their blocks' scales and ``xd * sum(q)``."""
+    lo = _dot8((w & LOW4).to(gl.int32, bitcast=True), x_lo[None, :, :])
+    hi = _dot8(((w >> 4) & LOW4).to(gl.int32, bitcast=True), x_hi[None, :, :])
+    d_lo, d_hi = _floats(xd)
+    s_lo, s_hi = _floats(xs)
+    d, dmin = half_bits(dd), half_bits(dd >> 16)
+    sc_lo, mn_lo = _k_scale_min(sw0, sw1, sw2, 2 * g)
+    sc_hi, mn_hi = _k_scale_min(sw0, sw1, sw2, 2 * g + 1)
+    return (d * (sc_lo * d_lo[None, :] * lo + sc_hi * d_hi[None, :] * hi)
+            - dmin * (mn_lo * s_lo[None, :] + mn_hi * s_hi[None, :]))
+
+
+@gluon.jit
+def gluon_gemv_q4k_kernel(xq_ptr, xd_ptr, xs_ptr, w_ptr, out_ptr, N, K, K_SPLIT, row_bytes, SB_STEP: gl.constexpr,
+                          RPT: gl.constexpr, num_warps: gl.constexpr, PDL: gl.constexpr = False):
+    """``out[pid_k, 0, n] = sum over columns pid_k * K_SPLIT .. of W[n] . x_hat`` for one token; a program has
+    ``RPT * 32 / (4 SB_STEP) * num_warps`` rows and walks ``SB_STEP`` super-blocks per step. ``xq [K / 4]`` int32
+    words, ``xd``/``xs [K / 32]`` float32 (``triton_gemv_tokens``' inputs); ``row_bytes`` a 16-byte multiple (16-byte
+    loads). ``PDL``: the first step's weights are loaded before waiting for the kernel that wrote the activations
+    (``triton_pdl``). Each step's weights are loaded in the step (loading the next step's ahead, in registers, was
+    slower: 31.5 against 27.8 us at 28672x4096 on an H100)."""
+    UPR: gl.constexpr = 4 * SB_STEP
+    ROWS: gl.constexpr = RPT * (32 // UPR) * num_warps
+    layout: gl.constexpr = group_layout(UPR, RPT, num_warps)
+    lay2: gl.constexpr = gl.SliceLayout(2, layout)
+    x_lay: gl.constexpr = gl.SliceLayout(0, layout)               # [UPR, 8]: the activations, no row axis
+    pid_n, pid_k = gl.program_id(0), gl.program_id(1)
+    offs_n = pid_n * ROWS + gl.arange(0, ROWS, layout=gl.SliceLayout(1, lay2))
+    rows = (w_ptr + gl.minimum(offs_n, N - 1).to(gl.int64) * row_bytes)[:, None]          # [R, 1]
+    u = gl.arange(0, UPR, layout=gl.SliceLayout(0, lay2))                                   # [UPR]
+    g = (u % 4)[None, :]
+    head = ((u // 4) * Q4K_BYTES)[None, :]
+    word = gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(1, layout)))
+    quants = head + 16 + 32 * g
+    ux = gl.arange(0, UPR, layout=gl.SliceLayout(1, x_lay))
+    x_words = (64 * (ux // 4) + 16 * (ux % 4))[:, None] + gl.arange(0, 8, layout=gl.SliceLayout(0, x_lay))[None, :]
+    blocks = 8 * (u // 4) + 2 * (u % 4)                                                     # [UPR]
+    sb0 = pid_k * (K_SPLIT // 256)
+    acc = gl.zeros([ROWS, UPR], gl.float32, lay2)
+    dd, sw0, sw1, sw2, w = _q4k_weights(rows, sb0, head, quants, word[None, None, :])
+    wait_for_previous(PDL)
+    for step in range(1, K_SPLIT // (256 * SB_STEP)):
+        x = xq_ptr + 64 * sb0 + x_words
+        acc += _q4k_sums(dd, sw0, sw1, sw2, w, g, gl.load(x), gl.load(x + 8), xd_ptr + 8 * sb0 + blocks,
+                         xs_ptr + 8 * sb0 + blocks)
+        sb0 += SB_STEP
+        dd, sw0, sw1, sw2, w = _q4k_weights(rows, sb0, head, quants, word[None, None, :])
+    x = xq_ptr + 64 * sb0 + x_words
+    acc += _q4k_sums(dd, sw0, sw1, sw2, w, g, gl.load(x), gl.load(x + 8), xd_ptr + 8 * sb0 + blocks,
+                     xs_ptr + 8 * sb0 + blocks)
+    total = gl.sum(acc, axis=1)
+    gl.store(out_ptr + pid_k * N + offs_n, total.to(out_ptr.dtype.element_ty), mask=offs_n < N)
