@@ -4,7 +4,6 @@ against gguf-py's dequantization (on an H100/H200 only: no interpreter runs Gluo
 from __future__ import annotations
 
 import importlib.util
-import re
 import textwrap
 
 import numpy as np
@@ -14,7 +13,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from gguf.quants import dequantize
 
 from toolkit.kernels.gguf import gluon_ops
-from triton_interpreter import compile_in_fresh_process
+from triton_interpreter import compile_in_fresh_process, ptx_loop
 
 HAS_GLUON = importlib.util.find_spec("triton") is not None and \
     importlib.util.find_spec("triton.experimental.gluon") is not None
@@ -112,19 +111,6 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
-def _loop(ptx: str) -> list[str]:
-    """The lines of the longest labelled region that branches back to its own label: the K loop."""
-    lines, best = [line.strip() for line in ptx.splitlines()], []
-    for start, line in enumerate(lines):
-        label = re.match(r"(\$L__BB\d+_\d+):", line)
-        if label:
-            back = re.compile(r"\bbra(\.uni)?\s+" + re.escape(label.group(1)) + ";")
-            end = next((i for i in range(start + 1, len(lines)) if back.search(lines[i])), None)
-            if end is not None and end - start > len(best):
-                best = lines[start:end + 1]
-    return best
-
-
 @pytest.mark.slow
 @pytest.mark.skipif(not HAS_GLUON, reason="Triton with Gluon is not installed")
 def test_compiled_for_sm90_each_mma_stays_in_flight_while_the_next_tile_is_decoded():
@@ -135,7 +121,7 @@ def test_compiled_for_sm90_each_mma_stays_in_flight_while_the_next_tile_is_decod
     cases = compile_in_fresh_process(SCRIPT)
     assert len(cases) == 9
     for bm, case in cases.items():
-        loop = _loop(case["ptx"])
+        loop = ptx_loop(case["ptx"])
         waits = [line for line in loop if line.startswith("wgmma.wait_group")]
         assert sum(line.startswith("wgmma.mma_async") for line in loop) >= 8, bm
         assert waits and all(line.endswith(" 1;") for line in waits), (bm, waits)

@@ -14,7 +14,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from gguf.quants import dequantize
 
 from toolkit.kernels.gguf import gluon_ops
-from triton_interpreter import compile_in_fresh_process
+from triton_interpreter import compile_in_fresh_process, ptx_loop
 
 HAS_GLUON = importlib.util.find_spec("triton") is not None and \
     importlib.util.find_spec("triton.experimental.gluon") is not None
@@ -26,9 +26,9 @@ def _packed(name: str, rows: int, cols: int) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("name, rows, cols, launch", [
-    ("Q4_K", 28672, 4096, (8, 4, 1)), ("Q4_K", 16384, 2048, (8, 4, 1)), ("Q4_K", 4096, 4096, (8, 2, 1)), ("Q4_K", 2048, 2048, (8, 2, 1)),
-    ("Q4_K", 4096, 14336, (4, 4, 1)), ("Q4_K", 2048, 8192, None), ("Q6_K", 4096, 4096, None),
-    ("Q4_0", 4096, 4096, None), ("Q8_0", 4096, 4096, None), ("Q5_K", 4096, 4096, None)])
+    ("Q4_K", 28672, 4096, (8, 4, 1, 0)), ("Q4_K", 16384, 2048, (8, 4, 1, 0)), ("Q4_K", 4096, 4096, (8, 2, 1, 0)),
+    ("Q4_K", 2048, 2048, (8, 2, 1, 0)), ("Q4_K", 4096, 14336, (4, 4, 1, 0)), ("Q4_K", 2048, 8192, None),
+    ("Q6_K", 4096, 4096, None), ("Q4_0", 4096, 4096, None), ("Q8_0", 4096, 4096, None), ("Q5_K", 4096, 4096, None)])
 def test_launch_by_type_and_shape(monkeypatch, name, rows, cols, launch):
     """Q4_K alone, at the shapes the H100 sweep measured it faster (``GEMV_RULES``)."""
     monkeypatch.delenv("TOOLKIT_GGUF_GLUON_GEMV", raising=False)
@@ -67,25 +67,12 @@ SCRIPT = textwrap.dedent("""
                      if arg == "w_ptr" else "*bf16" if arg == "out_ptr" else "*fp32" if arg.endswith("_ptr")
                      else "i32" for arg in kernel.arg_names}
         aligned = {(kernel.arg_names.index(arg),): [["tt.divisibility", 16]]
-                   for arg in ("xq_ptr", "xd_ptr", "xs_ptr", "w_ptr", "out_ptr", "row_bytes", "K", "K_SPLIT")}
+                   for arg in ("xq_ptr", "xd_ptr", "xs_ptr", "w_ptr", "out_ptr", "row_bytes", "K_SPLIT")}
         compiled = triton.compile(GluonASTSource(kernel, signature, constexprs, aligned),
                                   target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "launch_pdl": True})
         cases[f"{sb_step} {rpt} {warps}"] = {"ptx": compiled.asm["ptx"], "rpt": rpt}
     print(json.dumps(cases))
 """)
-
-
-def _loop(ptx: str) -> list[str]:
-    """The lines of the longest labelled region that branches back to its own label: the K loop."""
-    lines, best = [line.strip() for line in ptx.splitlines()], []
-    for start, line in enumerate(lines):
-        label = re.match(r"(\$L__BB\d+_\d+):", line)
-        if label:
-            back = re.compile(r"\bbra(\.uni)?\s+" + re.escape(label.group(1)) + ";")
-            end = next((i for i in range(start + 1, len(lines)) if back.search(lines[i])), None)
-            if end is not None and end - start > len(best):
-                best = lines[start:end + 1]
-    return best
 
 
 @pytest.mark.slow
@@ -100,7 +87,7 @@ def test_compiled_for_sm90_each_thread_sums_its_group_alone():
     assert len(cases) == 4
     for launch, case in cases.items():
         ptx, rpt = case["ptx"], case["rpt"]
-        loop = _loop(ptx)
+        loop = ptx_loop(ptx)
         vectors = [line for line in loop if re.match(r"ld\.global(\.\S+)*\.v4\.b32", line)]
         assert len(vectors) == 2 * rpt + 4, (launch, vectors)     # quants of each row, activations once
         assert sum(line.startswith("dp4a.s32.s32") for line in loop) == 16 * rpt, launch
@@ -140,11 +127,11 @@ def test_within_activation_rounding_of_gguf_py(monkeypatch):
         exact = x.double() @ weight.T
         bound = 3 * 2 ** -8 * (x.double().abs() @ weight.abs().T) + activation_rounding_bound(x, weight)
         words, scales, sums = dp4a_ops.quantize_activations(x, sums=True)
-        for launch, split in (((4, 1, 1), None), ((2, 1, 1), 1), ((1, 1, 1), 2), ((4, 2, 4), None),
-                              ((2, 2, 1), 4), ((8, 2, 1), None), ((4, 4, 1), 2), ((8, 4, 1), None)):
-            got = gluon_ops.gluon_gemv(words, scales, sums, data, cols, x, launch, split)
+        for launch in ((4, 1, 1, 0), (2, 1, 1, 1), (1, 1, 1, 2), (4, 2, 4, 0), (2, 2, 1, 4), (8, 2, 1, 0), (4, 4, 1, 2),
+                       (8, 4, 1, 0)):
+            got = gluon_ops.gluon_gemv(words, scales, sums, data, cols, x, launch, None)
             assert got.shape == (1, rows) and got.dtype == torch.bfloat16
-            assert ((got.double() - exact).abs() <= bound).all(), (rows, cols, launch, split)
+            assert ((got.double() - exact).abs() <= bound).all(), (rows, cols, launch)
         launch = gluon_ops.gemv_launch("Q4_K", data, cols, words, scales, sums)
         if launch is not None:
             split = gemv_launch.tokens_config("Q4_K", 1, rows, cols).split

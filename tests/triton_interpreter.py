@@ -37,6 +37,20 @@ def compile_in_fresh_process(script: str):
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def ptx_loop(ptx: str) -> list[str]:
+    """The lines of the longest labelled region of ``ptx`` that branches back to its own label: a kernel's main
+    loop, for tests that read what the compiler made of it."""
+    lines, best = [line.strip() for line in ptx.splitlines()], []
+    for start, line in enumerate(lines):
+        label = re.match(r"(\$L__BB\d+_\d+):", line)
+        if label:
+            back = re.compile(r"\bbra(\.uni)?\s+" + re.escape(label.group(1)) + ";")
+            end = next((i for i in range(start + 1, len(lines)) if back.search(lines[i])), None)
+            if end is not None and end - start > len(best):
+                best = lines[start:end + 1]
+    return best
+
+
 def fix_loop_bounds() -> None:
     """Let Triton 3.6's interpreter take a loop bound from a kernel argument under numpy >= 2.4: it
     calls ``int()`` on a one-element array, which numpy now rejects; this makes that conversion take

@@ -87,7 +87,7 @@ def _q4k_sums(dd, sw0, sw1, sw2, w, g, x_lo, x_hi, xd, xs):
 
 
 @gluon.jit
-def gluon_gemv_q4k_kernel(xq_ptr, xd_ptr, xs_ptr, w_ptr, out_ptr, N, K, K_SPLIT, row_bytes, SB_STEP: gl.constexpr,
+def gluon_gemv_q4k_kernel(xq_ptr, xd_ptr, xs_ptr, w_ptr, out_ptr, N, K_SPLIT, row_bytes, SB_STEP: gl.constexpr,
                           RPT: gl.constexpr, num_warps: gl.constexpr, PDL: gl.constexpr = False):
     """``out[pid_k, 0, n] = sum over columns pid_k * K_SPLIT .. of W[n] . x_hat`` for one token; a program has
     ``RPT * 32 / (4 SB_STEP) * num_warps`` rows and walks ``SB_STEP`` super-blocks per step. ``xq [K / 4]`` int32

@@ -114,41 +114,45 @@ def gluon_matmul(x: torch.Tensor, data: torch.Tensor, name: str, cols: int, bm: 
 GEMV_RULES = ((8, 4, 16384, 0, 4096), (8, 2, 0, 0, 4096), (4, 4, 4096, 8192, 1 << 40))
 
 
-def gemv_launch(name: str, data: torch.Tensor, cols: int, *vectors: torch.Tensor) -> tuple[int, int, int] | None:
-    """The Gluon GEMV's ``(super-blocks per step, rows per thread, warps)`` for the one-token call of type ``name`` on
-    ``data``, or None (the Triton GEMV): Q4_K of a shape ``GEMV_RULES`` take, 16-byte-aligned rows and ``vectors``
-    (the activations' blocks: it loads them 8 and 16 bytes at a time), a Gluon-capable device, not turned off."""
+def gemv_launch(name: str, data: torch.Tensor, cols: int,
+                *vectors: torch.Tensor) -> tuple[int, int, int, int] | None:
+    """The Gluon GEMV's ``(super-blocks per step, rows per thread, warps, K split)`` for the one-token call of type
+    ``name`` on ``data`` (split 0: the caller's), or None (the Triton GEMV): Q4_K of a shape ``GEMV_RULES`` take,
+    16-byte-aligned rows and ``vectors`` (the activations' blocks: it loads them 8 and 16 bytes at a time), a
+    Gluon-capable device, not turned off."""
     if (name != "Q4_K" or os.environ.get("TOOLKIT_GGUF_GLUON_GEMV", "1") == "0" or not _runs_on(data.device)
             or any(t.data_ptr() % 16 for t in (data, *vectors)) or data.stride(0) % 16 or cols % 256):
         return None
     forced = os.environ.get("TOOLKIT_GGUF_GLUON_GEMV_LAUNCH")
     if forced:
-        return tuple(int(v) for v in forced.split(",")[:3])
+        return tuple(int(v) for v in (forced.split(",") + ["0"])[:4])
     rows = data.shape[0]
-    return next(((sb, rpt, 1) for sb, rpt, min_rows, min_cols, max_cols in GEMV_RULES
+    return next(((sb, rpt, 1, 0) for sb, rpt, min_rows, min_cols, max_cols in GEMV_RULES
                  if rows >= min_rows and min_cols <= cols <= max_cols), None)
 
 
+def _gemv_rows(sb_step: int, rpt: int, warps: int) -> int:
+    """Rows per program of the Gluon GEMV (its kernel's ``ROWS``)."""
+    return rpt * (32 // (4 * sb_step)) * warps
+
+
 def gluon_gemv(words: torch.Tensor, scales: torch.Tensor, sums: torch.Tensor, data: torch.Tensor, cols: int,
-               x: torch.Tensor, launch: tuple[int, int, int], split: int | None,
+               x: torch.Tensor, launch: tuple[int, int, int, int], split: int | None,
                unreduced: bool = False) -> torch.Tensor:
     """``x [1, cols] @ W.T`` for a Q4_K weight ``data [rows, row bytes]`` from x's int8 blocks (``words``, ``scales``,
     ``sums``: ``dp4a_ops.activation_blocks``) with ``launch`` (``gemv_launch``'s); ``[1, rows]`` in x's dtype, or its
-    split-K partial sums with ``unreduced`` (``triton_reduce.finish_splits``). ``split``: K cut in as many (None:
-    automatic); fewer super-blocks per step where they do not divide a split's."""
+    split-K partial sums with ``unreduced`` (``triton_reduce.finish_splits``). ``split``: K cut in as many where the
+    launch gives none (None: automatic); fewer super-blocks per step where they do not divide a split's."""
     from .gluon_gemv import gluon_gemv_q4k_kernel  # noqa: PLC0415 - Gluon only on the GPUs that run it
-    sb_step, rpt, warps = launch
-    forced = os.environ.get("TOOLKIT_GGUF_GLUON_GEMV_LAUNCH", "0,0,0,0").split(",")[3:]
+    sb_step, rpt, warps, forced = launch
     rows, blocks = data.shape[0], cols // 256
-    split = int(forced[0]) if forced and int(forced[0]) else split
-    if not split:
-        split = split_k(-(-rows // (rpt * 32 // (4 * sb_step) * warps)), blocks // sb_step or 1, x.device)
+    split = forced or split or split_k(-(-rows // _gemv_rows(sb_step, rpt, warps)), blocks // sb_step or 1, x.device)
     while blocks % split:
         split -= 1
     while (blocks // split) % sb_step:
         sb_step //= 2
     out = split_output(split, 1, rows, x)
-    grid_n = -(-rows // (rpt * 32 // (4 * sb_step) * warps))
-    gluon_gemv_q4k_kernel[(grid_n, split)](words, scales, sums, data, out, rows, cols, cols // split, data.stride(0),
+    grid_n = -(-rows // _gemv_rows(sb_step, rpt, warps))
+    gluon_gemv_q4k_kernel[(grid_n, split)](words, scales, sums, data, out, rows, cols // split, data.stride(0),
                                            SB_STEP=sb_step, RPT=rpt, num_warps=warps, **launch_options(x.device))
     return finish_splits(out, x.dtype, unreduced)
