@@ -1,6 +1,6 @@
-"""The one-token Gluon GEMV (``kernels/gguf/gluon_gemv``, host side ``gluon_ops.gluon_gemv``): which calls it takes,
-its compiled form for an H100 (no GPU needed), and its numbers against gguf-py's dequantization (on an H100/H200
-only: no interpreter runs Gluon)."""
+"""The one-token Gluon GEMV (``kernels/gguf/gluon_gemv``: Q4_K, ``gluon_gemv_q6k``: Q6_K; host side
+``gluon_gemv_ops``): which calls it takes, its compiled form for an H100 (no GPU needed), and its numbers against
+gguf-py's dequantization (on an H100/H200 only: no interpreter runs Gluon)."""
 from __future__ import annotations
 
 import importlib.util
@@ -13,7 +13,7 @@ import torch
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from gguf.quants import dequantize
 
-from toolkit.kernels.gguf import gluon_ops
+from toolkit.kernels.gguf import gluon_gemv_ops
 from triton_interpreter import compile_in_fresh_process, ptx_loop
 
 HAS_GLUON = importlib.util.find_spec("triton") is not None and \
@@ -28,51 +28,60 @@ def _packed(name: str, rows: int, cols: int) -> torch.Tensor:
 @pytest.mark.parametrize("name, rows, cols, launch", [
     ("Q4_K", 28672, 4096, (8, 4, 1, 0)), ("Q4_K", 16384, 2048, (8, 4, 1, 0)), ("Q4_K", 4096, 4096, (8, 2, 1, 0)),
     ("Q4_K", 2048, 2048, (8, 2, 1, 0)), ("Q4_K", 4096, 14336, (4, 4, 1, 0)), ("Q4_K", 2048, 8192, None),
-    ("Q6_K", 4096, 4096, None), ("Q4_0", 4096, 4096, None), ("Q8_0", 4096, 4096, None), ("Q5_K", 4096, 4096, None)])
+    ("Q6_K", 4096, 14336, (1, 1, 1, 7)), ("Q6_K", 128256, 4096, (1, 1, 1, 7)), ("Q6_K", 4096, 4096, None),
+    ("Q6_K", 1024, 4096, None), ("Q6_K", 151936, 1536, None), ("Q6_K", 1536, 8960, None), ("Q4_0", 4096, 4096, None), ("Q8_0", 4096, 4096, None), ("Q5_K", 4096, 4096, None)])
 def test_launch_by_type_and_shape(monkeypatch, name, rows, cols, launch):
-    """Q4_K alone, at the shapes the H100 sweep measured it faster (``GEMV_RULES``)."""
+    """Q4_K and Q6_K at the shapes the H100 sweeps measured them faster (``GEMV_RULES``); Q6_K only of 16-byte-aligned
+    rows (2,048-column multiples)."""
     monkeypatch.delenv("TOOLKIT_GGUF_GLUON_GEMV", raising=False)
     monkeypatch.delenv("TOOLKIT_GGUF_GLUON_GEMV_LAUNCH", raising=False)
-    monkeypatch.setattr(gluon_ops, "_runs_on", lambda device: True)
-    assert gluon_ops.gemv_launch(name, _packed(name, rows, cols), cols) == launch
+    monkeypatch.setattr(gluon_gemv_ops, "_runs_on", lambda device: True)
+    assert gluon_gemv_ops.gemv_launch(name, _packed(name, rows, cols), cols) == launch
 
 
 def test_not_taken_off_the_gpu_turned_off_or_unaligned(monkeypatch):
     data = _packed("Q4_K", 64, 4096)
     monkeypatch.delenv("TOOLKIT_GGUF_GLUON_GEMV", raising=False)
     monkeypatch.delenv("TOOLKIT_GGUF_GLUON_GEMV_LAUNCH", raising=False)
-    assert gluon_ops.gemv_launch("Q4_K", data, 4096) is None                    # a CPU tensor
-    monkeypatch.setattr(gluon_ops, "_runs_on", lambda device: True)
-    assert gluon_ops.gemv_launch("Q4_K", data, 4096) is not None
+    assert gluon_gemv_ops.gemv_launch("Q4_K", data, 4096) is None                    # a CPU tensor
+    monkeypatch.setattr(gluon_gemv_ops, "_runs_on", lambda device: True)
+    assert gluon_gemv_ops.gemv_launch("Q4_K", data, 4096) is not None
     monkeypatch.setenv("TOOLKIT_GGUF_GLUON_GEMV", "0")
-    assert gluon_ops.gemv_launch("Q4_K", data, 4096) is None
+    assert gluon_gemv_ops.gemv_launch("Q4_K", data, 4096) is None
     monkeypatch.delenv("TOOLKIT_GGUF_GLUON_GEMV")
     flat = torch.zeros(64 * 2304 + 4, dtype=torch.uint8)
-    assert gluon_ops.gemv_launch("Q4_K", flat[4:].view(64, 2304), 4096) is None   # rows off a 16-byte boundary
+    assert gluon_gemv_ops.gemv_launch("Q4_K", flat[4:].view(64, 2304), 4096) is None   # rows off a 16-byte boundary
     scales = torch.zeros(129, dtype=torch.float32)[1:]                              # activation blocks too
-    assert gluon_ops.gemv_launch("Q4_K", data, 4096, scales) is None
+    assert gluon_gemv_ops.gemv_launch("Q4_K", data, 4096, scales) is None
 
 
-SCRIPT = textwrap.dedent("""
-    import json
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.experimental.gluon._runtime import GluonASTSource
-    from toolkit.kernels.gguf.gluon_gemv import gluon_gemv_q4k_kernel as kernel
+def _compile_script(module: str, kernel: str, step: str, launches: tuple) -> str:
+    """A script compiling ``module.kernel`` for sm_90 at each ``(step, rows per thread, warps)`` of ``launches``
+    (``step`` the kernel's constexpr for it), printing each launch's PTX as JSON."""
+    return textwrap.dedent(f"""
+        import json
+        import triton
+        from triton.backends.compiler import GPUTarget
+        from triton.experimental.gluon._runtime import GluonASTSource
+        from toolkit.kernels.gguf.{module} import {kernel} as kernel
 
-    cases = {}
-    for sb_step, rpt, warps in ((4, 1, 1), (2, 1, 1), (1, 1, 1), (4, 2, 4)):
-        constexprs = {"SB_STEP": sb_step, "RPT": rpt, "num_warps": warps, "PDL": True}
-        signature = {arg: "constexpr" if arg in constexprs else "*i32" if arg == "xq_ptr" else "*u8"
-                     if arg == "w_ptr" else "*bf16" if arg == "out_ptr" else "*fp32" if arg.endswith("_ptr")
-                     else "i32" for arg in kernel.arg_names}
-        aligned = {(kernel.arg_names.index(arg),): [["tt.divisibility", 16]]
-                   for arg in ("xq_ptr", "xd_ptr", "xs_ptr", "w_ptr", "out_ptr", "row_bytes", "K_SPLIT")}
-        compiled = triton.compile(GluonASTSource(kernel, signature, constexprs, aligned),
-                                  target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "launch_pdl": True})
-        cases[f"{sb_step} {rpt} {warps}"] = {"ptx": compiled.asm["ptx"], "rpt": rpt}
-    print(json.dumps(cases))
-""")
+        cases = {{}}
+        for step, rpt, warps in {launches!r}:
+            constexprs = {{"{step}": step, "RPT": rpt, "num_warps": warps, "PDL": True}}
+            signature = {{arg: "constexpr" if arg in constexprs else "*i32" if arg == "xq_ptr" else "*u8"
+                         if arg == "w_ptr" else "*bf16" if arg == "out_ptr" else "*fp32" if arg.endswith("_ptr")
+                         else "i32" for arg in kernel.arg_names}}
+            aligned = {{(kernel.arg_names.index(arg),): [["tt.divisibility", 16]] for arg in kernel.arg_names
+                       if arg.endswith("_ptr") or arg in ("row_bytes", "K_SPLIT")}}
+            compiled = triton.compile(GluonASTSource(kernel, signature, constexprs, aligned),
+                                      target=GPUTarget("cuda", 90, 32),
+                                      options={{"num_warps": warps, "launch_pdl": True}})
+            cases[f"{{step}} {{rpt}} {{warps}}"] = {{"ptx": compiled.asm["ptx"], "rpt": rpt}}
+        print(json.dumps(cases))
+    """)
+
+
+SCRIPT = _compile_script("gluon_gemv", "gluon_gemv_q4k_kernel", "SB_STEP", ((4, 1, 1), (2, 1, 1), (1, 1, 1), (4, 2, 4)))
 
 
 @pytest.mark.slow
@@ -98,6 +107,35 @@ def test_compiled_for_sm90_each_thread_sums_its_group_alone():
         assert not any("st.global" in line for line in lines[:gdc]), "out written before the wait"
         assert not any("griddepcontrol.launch_dependents" in line for line in lines)
 
+
+SCRIPT_Q6K = _compile_script("gluon_gemv_q6k", "gluon_gemv_q6k_kernel", "GROUPS", ((1, 1, 1), (1, 2, 1), (2, 2, 4)))
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not HAS_GLUON, reason="Triton with Gluon is not installed")
+def test_q6k_compiled_for_sm90_reads_its_2_aligned_fields_as_16_byte_vectors():
+    """The Q6_K kernel's point, in the code ptxas receives: each of the three 16-byte fields a thread reads per row and
+    super-block (two ql, one qh) is loaded as 16-byte vectors, one where the super-block sits on a 16-byte boundary
+    (the first of each group of eight), two and a funnel shift elsewhere, never as 16-bit pieces (only the scale bytes
+    and d are narrow); 16 dp4a per row and super-block plus 16 for the activation sums the rows share; nothing in the
+    loop crosses threads; the PDL contract (nothing stored before ``griddepcontrol.wait``, the next kernel not let in
+    early)."""
+    cases = compile_in_fresh_process(SCRIPT_Q6K)
+    assert len(cases) == 3
+    for launch, case in cases.items():
+        ptx, rpt = case["ptx"], case["rpt"]
+        loop = ptx_loop(ptx)
+        vectors = [line for line in loop if re.match(r"ld\.global\.v4\.b32", line)]
+        assert len(vectors) == (3 + 7 * 6) * rpt + 4 * 8, (launch, len(vectors))   # activations once for all rows
+        narrow = [line for line in loop if re.match(r"ld\.global(\.\S+)*\.b(8|16) ", line)]
+        assert len(narrow) == 5 * 8 * rpt, (launch, len(narrow))      # 4 scales and d per row and super-block
+        assert sum(line.count("shf.r.clamp.b32") for line in loop) == 4 * 3 * 4 * rpt, launch  # 4 odd-offset blocks
+        assert sum(line.startswith("dp4a.s32.s32") for line in loop) == 8 * 16 * (rpt + 1), launch
+        assert not any("shfl" in line or "ld.shared" in line or "bar.sync" in line for line in loop), launch
+        lines = ptx.splitlines()
+        gdc = next(i for i, line in enumerate(lines) if "griddepcontrol.wait" in line)
+        assert not any("st.global" in line for line in lines[:gdc]), "out written before the wait"
+        assert not any("griddepcontrol.launch_dependents" in line for line in lines)
 
 def _h100() -> bool:
     return torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0) and HAS_GLUON
@@ -129,11 +167,47 @@ def test_within_activation_rounding_of_gguf_py(monkeypatch):
         words, scales, sums = dp4a_ops.quantize_activations(x, sums=True)
         for launch in ((4, 1, 1, 0), (2, 1, 1, 1), (1, 1, 1, 2), (4, 2, 4, 0), (2, 2, 1, 4), (8, 2, 1, 0), (4, 4, 1, 2),
                        (8, 4, 1, 0)):
-            got = gluon_ops.gluon_gemv(words, scales, sums, data, cols, x, launch, None)
+            got = gluon_gemv_ops.gluon_gemv("Q4_K", words, scales, sums, data, cols, x, launch, None)
             assert got.shape == (1, rows) and got.dtype == torch.bfloat16
             assert ((got.double() - exact).abs() <= bound).all(), (rows, cols, launch)
-        launch = gluon_ops.gemv_launch("Q4_K", data, cols, words, scales, sums)
+        launch = gluon_gemv_ops.gemv_launch("Q4_K", data, cols, words, scales, sums)
         if launch is not None:
             split = gemv_launch.tokens_config("Q4_K", 1, rows, cols).split
             assert torch.equal(triton_ops.gguf_matmul(x, data, qtype, cols),
-                               gluon_ops.gluon_gemv(words, scales, sums, data, cols, x, launch, split))
+                               gluon_gemv_ops.gluon_gemv("Q4_K", words, scales, sums, data, cols, x, launch, split))
+
+
+def _random_q6k(rows: int, cols: int, rng) -> np.ndarray:
+    blocks = rng.integers(0, 256, (rows * cols // 256, 210), dtype=np.uint8)
+    blocks[:, 208:210] = rng.uniform(-0.002, 0.002, (blocks.shape[0], 1)).astype(np.float16).view(np.uint8)  # d
+    return blocks.reshape(rows, -1)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _h100(), reason="needs an H100/H200 (sm_90) and Triton with Gluon")
+def test_q6k_within_activation_rounding_of_gguf_py():
+    """Q6_K as Q4_K above: rows off the program size, one and two groups per step, 1-2 rows per thread, 1 and 4 warps,
+    K split and not; the dispatch sends one-token Q6_K calls of 2,048-column multiples to it."""
+    from test_gguf_kernels import activation_rounding_bound
+    from toolkit.kernels.gguf import dp4a_ops, gemv_launch, triton_ops
+    qtype = int(GGMLQuantizationType.Q6_K)
+    rng = np.random.default_rng(11)
+    for rows, cols in ((37, 2048), (130, 4096), (1000, 14336), (8200, 4096)):
+        packed = _random_q6k(rows, cols, rng)
+        weight = torch.from_numpy(dequantize(packed, GGMLQuantizationType.Q6_K).astype(np.float64)).cuda()
+        data = torch.from_numpy(packed).cuda()
+        x = torch.randn(1, cols, device="cuda").to(torch.bfloat16)
+        exact = x.double() @ weight.T
+        bound = 3 * 2 ** -8 * (x.double().abs() @ weight.abs().T) + activation_rounding_bound(x, weight)
+        words, scales = dp4a_ops.quantize_activations(x)
+        for launch in ((1, 1, 1, 0), (1, 2, 1, 1), (2, 2, 1, 0), (1, 2, 4, 0), (1, 1, 1, 7), (2, 1, 4, 2)):
+            got = gluon_gemv_ops.gluon_gemv("Q6_K", words, scales, None, data, cols, x, launch, None)
+            assert got.shape == (1, rows) and got.dtype == torch.bfloat16
+            assert ((got.double() - exact).abs() <= bound).all(), (rows, cols, launch)
+        launch = gluon_gemv_ops.gemv_launch("Q6_K", data, cols, words, scales)
+        assert (launch is not None) == (rows >= 8192)
+        if launch is None:
+            continue
+        split = gemv_launch.tokens_config("Q6_K", 1, rows, cols).split
+        assert torch.equal(triton_ops.gguf_matmul(x, data, qtype, cols),
+                           gluon_gemv_ops.gluon_gemv("Q6_K", words, scales, None, data, cols, x, launch, split))

@@ -96,6 +96,7 @@ def start_interpreter(gpu_tests: str) -> bool:
 GGUF_CHAIN = ("toolkit.kernels.triton_int8", "toolkit.kernels.triton_reduce", "toolkit.kernels.gguf.triton_words",
               "toolkit.kernels.gguf.triton_dp4a", "toolkit.kernels.gguf.triton_kernels", "toolkit.kernels.gguf.triton_mmq",
               "toolkit.kernels.gguf.triton_dot16", "toolkit.kernels.gguf.dot16_ops", "toolkit.kernels.gguf.gluon_ops",
+              "toolkit.kernels.gguf.gluon_gemv_ops",
               "toolkit.kernels.gguf.dp4a_ops",
               "toolkit.kernels.gguf.triton_ops",
               "toolkit.kernels.moe_triton", "toolkit.kernels.gguf_moe.triton_moe")

@@ -10,7 +10,7 @@ import os
 import torch
 import triton
 
-from . import gluon_ops
+from . import gluon_gemv_ops
 from .gemv_launch import DP4A_STEP, TOKENS_SUM_TYPES, WEIGHT_EVICTION, GemvConfig, eviction, tokens_config
 from .triton_dp4a import quantize_activations_kernel
 from .triton_gemv_tokens import gemv_tokens_kernel
@@ -59,7 +59,7 @@ def dp4a_tokens_matmul(x: torch.Tensor, data: torch.Tensor, qtype: int, cols: in
                        config: GemvConfig | None = None, unreduced: bool = False) -> torch.Tensor:
     """``x [T, cols] @ W.T`` for ``T <= 8`` with the token-unrolled dp4a GEMV (``triton_gemv_tokens``):
     each program reads ``BN`` rows once for all T tokens; ``[T, rows]`` in x's dtype. Without a ``config``, one
-    token goes to the Gluon GEMV where ``gluon_ops.gemv_launch`` takes it. ``config.bm`` is
+    token goes to the Gluon GEMV where ``gluon_gemv_ops.gemv_launch`` takes it. ``config.bm`` is
     ignored (the kernel unrolls T rounded up to a power of two). ``unreduced``: split-K partial sums returned as
     they are (``triton_reduce.finish_splits``)."""
     name = type_name(qtype)
@@ -67,10 +67,10 @@ def dp4a_tokens_matmul(x: torch.Tensor, data: torch.Tensor, qtype: int, cols: in
     chosen, config = config is None, config or tokens_config(name, tokens, rows, cols)
     blocks = activation_blocks(x, sums=name in TOKENS_SUM_TYPES)
     words, scales, sums = blocks.words, blocks.scales, blocks.sums if name in TOKENS_SUM_TYPES else None
-    launch = gluon_ops.gemv_launch(name, data, cols, words, scales, *([] if sums is None else [sums])) \
+    launch = gluon_gemv_ops.gemv_launch(name, data, cols, words, scales, *([] if sums is None else [sums])) \
         if tokens == 1 and chosen else None
     if launch is not None:                      # one token, a launch not given: the Gluon GEMV where it serves
-        return gluon_ops.gluon_gemv(words, scales, sums, data, cols, x, launch, config.split, unreduced)
+        return gluon_gemv_ops.gluon_gemv(name, words, scales, sums, data, cols, x, launch, config.split, unreduced)
     grid_n = triton.cdiv(rows, config.bn)
     split = config.split or split_k(grid_n, cols // _tile_width(cols, max(config.bk, step)), x.device)
     while split > 1 and (cols % split or (cols // split) % step):  # each split: whole blocks

@@ -1,5 +1,6 @@
-"""Host side of the Gluon GGUF kernels (``gluon_q4_k``, ``gluon_q6_k``, ``gluon_q4_0``): which calls they take, from
-the 16-bit Triton kernel (17-64 tokens) and from the int8 one (8-16 tokens), and their launch.
+"""Host side of the Gluon GGUF matmul kernels (``gluon_q4_k``, ``gluon_q6_k``, ``gluon_q4_0``): which calls they
+take, from the 16-bit Triton kernel (17-64 tokens) and from the int8 one (8-16 tokens), and their launch. The
+one-token Gluon GEMV's host side is ``gluon_gemv_ops``.
 
 They run only where warpgroup MMAs exist (compute capability 9.0: H100/H200) and Triton ships Gluon; anywhere else,
 and with ``TOOLKIT_GGUF_GLUON=0`` (for timing both in one engine), ``dot16_matmul`` keeps ``triton_dot16``.
@@ -14,7 +15,6 @@ import torch
 from ..triton_pdl import launch_options
 from ..triton_reduce import finish_splits, split_output
 from .dot16_ops import Dot16Rule, tiles_and_split
-from ..launch import split_k
 
 # Where they replace the Triton kernel, from session 19's H100 sweeps (docs/benchmarks.md; CUDA graphs over weight
 # copies beyond L2, us per weight, Gluon / ``triton_dot16`` with its rules / dense bf16):
@@ -99,60 +99,3 @@ def gluon_matmul(x: torch.Tensor, data: torch.Tensor, name: str, cols: int, bm: 
                               BN=values["bn"], STAGES=values["stages"], num_warps=values["num_warps"],
                               **launch_options(x.device), **extra)
     return finish_splits(out, x.dtype)
-
-
-# The one-token Gluon GEMV (``gluon_gemv``) by Q4_K weight shape: (super-blocks per step, rows per thread, least rows,
-# least columns, most columns), the first that holds; other shapes keep ``triton_gemv_tokens``. Session 20's H100 sweep
-# (``.dev``: CUDA graphs over weight copies beyond L2, activations' blocks attached as the norms hand them), us, this
-# kernel / the Triton GEMV with its rules: 28672x4096 27.3 / 31.1 (81% / 71% of a device copy), 5120x4096 7.1 / 7.4,
-# 4096x4096 6.4 / 6.6, 16384x2048 10.8 / 11.3, 2560x2048 3.1 / 3.4, 2048x2048 2.8 / 3.1, 1024x4096 3.0 / 2.9 (eight
-# super-blocks, two rows per thread); 4096x14336 16.3 / 17.2 (four and four, K in two). Lost: 2048x8192 (7.2 / 6.7 at
-# best). A second sweep (same session) had four rows per thread ahead on the gate/up weights: 28672x4096 26.7 against
-# 27.2, 16384x2048 9.7 / 10.3, and behind or even on the others (1024x4096 3.4 / 3.1, 4096x4096 6.3 / 6.2).
-# ``TOOLKIT_GGUF_GLUON_GEMV=0`` keeps the Triton GEMV; ``TOOLKIT_GGUF_GLUON_GEMV_LAUNCH=sb,rows per thread,warps,
-# split`` (split 0: the rule's) sets the launch (benchmarks).
-GEMV_RULES = ((8, 4, 16384, 0, 4096), (8, 2, 0, 0, 4096), (4, 4, 4096, 8192, 1 << 40))
-
-
-def gemv_launch(name: str, data: torch.Tensor, cols: int,
-                *vectors: torch.Tensor) -> tuple[int, int, int, int] | None:
-    """The Gluon GEMV's ``(super-blocks per step, rows per thread, warps, K split)`` for the one-token call of type
-    ``name`` on ``data`` (split 0: the caller's), or None (the Triton GEMV): Q4_K of a shape ``GEMV_RULES`` take,
-    16-byte-aligned rows and ``vectors`` (the activations' blocks: it loads them 8 and 16 bytes at a time), a
-    Gluon-capable device, not turned off."""
-    if (name != "Q4_K" or os.environ.get("TOOLKIT_GGUF_GLUON_GEMV", "1") == "0" or not _runs_on(data.device)
-            or any(t.data_ptr() % 16 for t in (data, *vectors)) or data.stride(0) % 16 or cols % 256):
-        return None
-    forced = os.environ.get("TOOLKIT_GGUF_GLUON_GEMV_LAUNCH")
-    if forced:
-        return tuple(int(v) for v in (forced.split(",") + ["0"])[:4])
-    rows = data.shape[0]
-    return next(((sb, rpt, 1, 0) for sb, rpt, min_rows, min_cols, max_cols in GEMV_RULES
-                 if rows >= min_rows and min_cols <= cols <= max_cols), None)
-
-
-def _gemv_rows(sb_step: int, rpt: int, warps: int) -> int:
-    """Rows per program of the Gluon GEMV (its kernel's ``ROWS``)."""
-    return rpt * (32 // (4 * sb_step)) * warps
-
-
-def gluon_gemv(words: torch.Tensor, scales: torch.Tensor, sums: torch.Tensor, data: torch.Tensor, cols: int,
-               x: torch.Tensor, launch: tuple[int, int, int, int], split: int | None,
-               unreduced: bool = False) -> torch.Tensor:
-    """``x [1, cols] @ W.T`` for a Q4_K weight ``data [rows, row bytes]`` from x's int8 blocks (``words``, ``scales``,
-    ``sums``: ``dp4a_ops.activation_blocks``) with ``launch`` (``gemv_launch``'s); ``[1, rows]`` in x's dtype, or its
-    split-K partial sums with ``unreduced`` (``triton_reduce.finish_splits``). ``split``: K cut in as many where the
-    launch gives none (None: automatic); fewer super-blocks per step where they do not divide a split's."""
-    from .gluon_gemv import gluon_gemv_q4k_kernel  # noqa: PLC0415 - Gluon only on the GPUs that run it
-    sb_step, rpt, warps, forced = launch
-    rows, blocks = data.shape[0], cols // 256
-    split = forced or split or split_k(-(-rows // _gemv_rows(sb_step, rpt, warps)), blocks // sb_step or 1, x.device)
-    while blocks % split:
-        split -= 1
-    while (blocks // split) % sb_step:
-        sb_step //= 2
-    out = split_output(split, 1, rows, x)
-    grid_n = -(-rows // _gemv_rows(sb_step, rpt, warps))
-    gluon_gemv_q4k_kernel[(grid_n, split)](words, scales, sums, data, out, rows, cols // split, data.stride(0),
-                                           SB_STEP=sb_step, RPT=rpt, num_warps=warps, **launch_options(x.device))
-    return finish_splits(out, x.dtype, unreduced)

@@ -1,0 +1,99 @@
+"""Host side of the one-token Gluon GEMV (``gluon_gemv``: Q4_K, ``gluon_gemv_q6k``: Q6_K): which calls it takes from
+the Triton GEMV (``triton_gemv_tokens``, through ``dp4a_ops``) and its launch.
+
+Both kernels give each thread whole pieces of super-blocks (Q4_K: a 64-column group of one; Q6_K: a 64-column piece
+of each of a group of eight) and walk ``step`` of those units per loop iteration; a program holds
+``rows per thread x 32 / (4 step) x warps`` rows.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+
+from ..launch import split_k
+from ..triton_pdl import launch_options
+from ..triton_reduce import finish_splits, split_output
+from .gluon_ops import _runs_on
+
+# Columns one unit of ``step`` covers: a Q4_K super-block; eight Q6_K super-blocks (the kernel's 16-byte-aligned group).
+UNIT_COLUMNS = {"Q4_K": 256, "Q6_K": 2048}
+
+# The launch by weight shape: (units per step, rows per thread, K split (0: the caller's), least rows, least columns,
+# most columns), the first that holds; other shapes keep ``triton_gemv_tokens``.
+# Q4_K, session 20's H100 sweep (``.dev``: CUDA graphs over weight copies beyond L2, activations' blocks attached as the
+# norms hand them), us, this kernel / the Triton GEMV with its rules: 28672x4096 27.3 / 31.1 (81% / 71% of a device
+# copy), 5120x4096 7.1 / 7.4, 4096x4096 6.4 / 6.6, 16384x2048 10.8 / 11.3, 2560x2048 3.1 / 3.4, 2048x2048 2.8 / 3.1,
+# 1024x4096 3.0 / 2.9 (eight super-blocks, two rows per thread); 4096x14336 16.3 / 17.2 (four and four, K in two as
+# the Triton GEMV's rule cuts it). Lost: 2048x8192 (7.2 / 6.7 at best). A second sweep (same session) had four rows per
+# thread ahead on the gate/up weights: 28672x4096 26.7 against 27.2, 16384x2048 9.7 / 10.3, and behind or even on the
+# others (1024x4096 3.4 / 3.1, 4096x4096 6.3 / 6.2).
+# Q6_K (2,048-column multiples only: 16-byte-aligned rows), session 21's H100 sweep (same method), us, this kernel /
+# the Triton GEMV with its rules: 4096x14336 24.7-24.9 / 28.8-29.4 (64-65% / 55-56% of a device copy), 128256x4096
+# 172.4-173.2 / 197.4-199.7 (83% / 72%), 14336x4096 23.3-23.7 / 27.5-28.3, at one group of eight super-blocks per
+# thread and step, one row per thread, K cut in as many as divide the groups up to 7 (all of a 14,336-column row's);
+# the Triton GEMV keeps 4096x4096 (11.4 against 10.1-10.7) and 1024x4096 (7.9 at best against 4.4). Two rows per
+# thread, two groups per step, two and four warps were slower or even.
+# ``TOOLKIT_GGUF_GLUON_GEMV=0`` keeps the Triton GEMV, ``=Q4_K`` (type names, comma-separated) keeps it for the other
+# types; ``TOOLKIT_GGUF_GLUON_GEMV_LAUNCH=step,rows per thread,warps,split`` (split 0: the rule's) sets the launch
+# (benchmarks).
+GEMV_RULES = {
+    "Q4_K": ((8, 4, 0, 16384, 0, 4096), (8, 2, 0, 0, 0, 4096), (4, 4, 0, 4096, 8192, 1 << 40)),
+    "Q6_K": ((1, 1, 7, 4096, 8192, 1 << 40), (1, 1, 7, 8192, 2048, 1 << 40)),
+}
+
+
+def gemv_launch(name: str, data: torch.Tensor, cols: int,
+                *vectors: torch.Tensor) -> tuple[int, int, int, int] | None:
+    """The Gluon GEMV's ``(units per step, rows per thread, warps, K split)`` for the one-token call of type ``name``
+    on ``data`` (split 0: the caller's), or None (the Triton GEMV): a type and shape ``GEMV_RULES`` take, rows of
+    whole units on 16-byte boundaries and ``vectors`` (the activations' blocks: it loads them 8 and 16 bytes at a
+    time), a Gluon-capable device, not turned off."""
+    if (name not in GEMV_RULES or not _turned_on(name) or not _runs_on(data.device)
+            or any(t.data_ptr() % 16 for t in (data, *vectors)) or data.stride(0) % 16 or cols % UNIT_COLUMNS[name]):
+        return None
+    forced = os.environ.get("TOOLKIT_GGUF_GLUON_GEMV_LAUNCH")
+    if forced:
+        return tuple(int(v) for v in (forced.split(",") + ["0"])[:4])
+    rows = data.shape[0]
+    return next(((step, rpt, 1, split) for step, rpt, split, min_rows, min_cols, max_cols in GEMV_RULES[name]
+                 if rows >= min_rows and min_cols <= cols <= max_cols), None)
+
+
+def _turned_on(name: str) -> bool:
+    setting = os.environ.get("TOOLKIT_GGUF_GLUON_GEMV", "1")
+    return setting == "1" or name in setting.split(",")
+
+
+def _gemv_rows(step: int, rpt: int, warps: int) -> int:
+    """Rows per program of the Gluon GEMV (its kernels' ``ROWS``)."""
+    return rpt * (32 // (4 * step)) * warps
+
+
+def gluon_gemv(name: str, words: torch.Tensor, scales: torch.Tensor, sums: torch.Tensor | None, data: torch.Tensor,
+               cols: int, x: torch.Tensor, launch: tuple[int, int, int, int], split: int | None,
+               unreduced: bool = False) -> torch.Tensor:
+    """``x [1, cols] @ W.T`` for a weight ``data [rows, row bytes]`` of type ``name`` from x's int8 blocks (``words``,
+    ``scales``, ``sums`` (Q4_K's): ``dp4a_ops.activation_blocks``) with ``launch`` (``gemv_launch``'s); ``[1, rows]``
+    in x's dtype, or its split-K partial sums with ``unreduced`` (``triton_reduce.finish_splits``). ``split``: K cut
+    in as many where the launch gives none (None: automatic), else the most that divides the units (cut to fewer);
+    fewer units per step where they do not divide a split's."""
+    step, rpt, warps, forced = launch
+    rows, units = data.shape[0], cols // UNIT_COLUMNS[name]
+    split = forced or split or split_k(-(-rows // _gemv_rows(step, rpt, warps)), units // step or 1, x.device)
+    while units % split:
+        split -= 1
+    while (units // split) % step:
+        step //= 2
+    out = split_output(split, 1, rows, x)
+    grid = (-(-rows // _gemv_rows(step, rpt, warps)), split)
+    common = dict(RPT=rpt, num_warps=warps, **launch_options(x.device))
+    if name == "Q4_K":
+        from .gluon_gemv import gluon_gemv_q4k_kernel  # noqa: PLC0415 - Gluon only on the GPUs that run it
+        gluon_gemv_q4k_kernel[grid](words, scales, sums, data, out, rows, cols // split, data.stride(0), SB_STEP=step,
+                                    **common)
+    else:
+        from .gluon_gemv_q6k import gluon_gemv_q6k_kernel  # noqa: PLC0415
+        gluon_gemv_q6k_kernel[grid](words, scales, data, out, rows, cols // split, data.stride(0), GROUPS=step,
+                                    **common)
+    return finish_splits(out, x.dtype, unreduced)

@@ -1,0 +1,159 @@
+"""One-token GGUF GEMV in Gluon for Q6_K: the layout of ``gluon_gemv`` (each thread sums whole pieces of super-blocks
+in registers) for 210-byte super-blocks, which sit only 2-byte aligned in a row.
+
+Why: Q6_K is ffn_down on half an 8B Q4_K_M's layers, its ``attn_v`` and its 128k-row head; the Triton GEMV reads it
+at ~57% of a device copy (4096x14336, H100), its 2-byte-aligned fields loaded as 16-bit pairs. Eight super-blocks
+are 1,680 bytes, a multiple of 16: in a row whose start is 16-byte aligned (``cols`` a multiple of 2,048), super-block
+``k`` of every group of eight starts ``210 k mod 16`` bytes past a 16-byte boundary, a number known when the kernel is
+compiled. So a thread walks one group per step with its eight super-blocks unrolled, and reads each 16-byte field
+as the two aligned 16-byte vectors around it, the field's four words funnel-shifted out of them by an offset fixed in
+the code (``_window``): two vector loads per field instead of eight 16-bit loads.
+
+A thread owns one 64-column piece of each super-block of its group: half ``n`` (128 columns) and run ``sub`` (the
+16-column runs 16 sub + 32 s, s = 0..3, of that half): 16 bytes of low nibbles from each of the half's two ql
+halves and 16 bytes of qh, the runs' four int8 scales. In ggml's layout (``triton_dp4a._q6k_step``), byte b of ql word
+i (i < 8) holds column 4i + b (low nibble) and 64 + 4i + b (high), of ql word 8 + i columns 32 + 4i + b and
+96 + 4i + b; qh word i holds their top two bits at shifts 0, 4, 2, 6. Values are ``q - 32``: the kernel dots the
+unsigned 6-bit ``q`` and subtracts ``32 sum(x)`` of the run (``sum(x)`` a dp4a of the activation words by ones,
+once per thread for all its rows), so the bytes need no sign fix.
+
+Math as ``triton_gemv_tokens``' Q6_K branch: per 16-column run ``d sc xd dot(q - 32, x)``, float32 sums.
+"""
+from __future__ import annotations
+
+from triton.experimental import gluon
+from triton.experimental.gluon import constexpr_function
+from triton.experimental.gluon import language as gl
+
+from .gluon_gemv import _floats
+from .gluon_pipeline import wait_for_previous
+from .triton_words import half_bits
+
+Q6K_BYTES = gl.constexpr(210)
+GROUP = gl.constexpr(8)                    # super-blocks per thread and step: 1,680 bytes, a multiple of 16
+LOW4 = gl.constexpr(0x0F0F0F0F)
+BITS45 = gl.constexpr(0x30303030)
+ONES = gl.constexpr(0x01010101)
+
+
+@constexpr_function
+def unit_layout(UPR, RPT, num_warps):
+    """``[rows, UPR pieces, 4 words]``: a thread's 4 words of ``RPT`` rows in its registers, ``UPR`` threads per row
+    (groups per step x 4 pieces), the rest of the warp and the other warps on more rows."""
+    return gl.BlockedLayout([RPT, 1, 4], [32 // UPR, UPR, 1], [num_warps, 1, 1], [2, 1, 0])
+
+
+@constexpr_function
+def funnel_ptx(skip):
+    """PTX taking 4 words that start ``skip`` bytes (even, < 16) into 8 (two 16-byte vectors): ``$0-$3`` out, the
+    vectors' words ``$4-$7`` and ``$8-$11`` in."""
+    skip = int(skip)
+    word, shift = skip // 4, 8 * (skip % 4)
+    return " ".join(f"mov.b32 ${j}, ${4 + word + j};" if shift == 0 else
+                    f"shf.r.clamp.b32 ${j}, ${4 + word + j}, ${5 + word + j}, {shift};" for j in range(4))
+
+
+@gluon.jit
+def _window(aligned, word, SKIP: gl.constexpr):
+    """The 4 words ``[R, UPR, 4]`` at byte ``aligned [R, UPR]`` (16-byte aligned) + ``SKIP``: one 16-byte load
+    where ``SKIP`` is 0, else the two around them and a funnel shift. The loads keep L1's default policy: the
+    16 bytes a thread reads past its field are the next field's (its own or a neighbour's), read again from L1.
+    Marked to leave L1 first (as the Q4_K kernel's), they were read again from DRAM: 538 against 436 MB for a
+    128256x4096 weight of 431 MB (ncu, H100), 240 against 174 us."""
+    first = gl.load(aligned.to(gl.pointer_type(gl.uint32))[:, :, None] + word)
+    if SKIP == 0:
+        return first
+    else:
+        second = gl.load(aligned.to(gl.pointer_type(gl.uint32))[:, :, None] + 4 + word)
+        return gl.inline_asm_elementwise(funnel_ptx(SKIP), "=r,=r,=r,=r,r,r,r,r,r,r,r,r", [first, second],
+                                         dtype=gl.uint32, is_pure=True, pack=4)
+
+
+@gluon.jit
+def _dot4(w, x):
+    """``sum over the last axis (4 words) of dp4a(w, x)``, int32: one dp4a chain in each thread."""
+    return gl.sum(gl.inline_asm_elementwise("dp4a.s32.s32 $0, $1, $2, 0;", "=r,r,r", [w, x], dtype=gl.int32,
+                                            is_pure=True, pack=1), axis=len(w.shape) - 1)
+
+
+@gluon.jit
+def _run(q, x, ones):
+    """``sum((q - 32) x)`` of a 16-column run, float32 ``[R, UPR]``: ``q [R, UPR, 4]`` unsigned 6-bit bytes,
+    ``x [UPR, 4]`` int8 words (``ones`` a tensor like it of 0x01010101)."""
+    return (_dot4(q.to(gl.int32, bitcast=True), x[None, :, :]) - 32 * _dot4(ones[None, :, :], x[None, :, :])).to(gl.float32)
+
+
+@gluon.jit
+def _q6k_fields(group, piece_a, piece_h, word, K: gl.constexpr):
+    """Each thread's three 16-byte fields ``[R, UPR, 4]`` (ql of runs 0 and 2, ql of runs 1 and 3, qh) of super-block
+    ``K`` of the groups at ``group [R, UPR]`` (bytes, 16-byte aligned); ``piece_a``/``piece_h [1, UPR]`` the
+    thread's ql / qh field offsets in a super-block."""
+    SKIP: gl.constexpr = (210 * K) % 16
+    aligned = group + (210 * K - SKIP)          # one constant offset: the compiler keeps the 16-byte alignment
+    return (_window(aligned + piece_a, word, SKIP), _window(aligned + piece_a + 32, word, SKIP),
+            _window(aligned + piece_h, word, SKIP))
+
+
+@gluon.jit
+def _q6k_sum(ql_a, ql_b, qh, group, scales, x, xd, K: gl.constexpr):
+    """Each thread's ``[R, UPR]`` sum of its piece of super-block ``K`` of the groups at ``group``, from its fields
+    (``_q6k_fields``): ``scales [1, UPR]`` the offset of its first run's scale, ``x`` the activation word pointers
+    ``[UPR, 4]`` of that run, ``xd [UPR]`` the pointer to its 32-column block's scale."""
+    sb = group + 210 * K
+    sc = (sb + scales).to(gl.pointer_type(gl.int8))
+    d = half_bits(gl.load((sb + 208).to(gl.pointer_type(gl.uint16))).to(gl.uint32))
+    x0, x1, x2, x3 = gl.load(x), gl.load(x + 8), gl.load(x + 16), gl.load(x + 24)
+    xd0, xd1 = _floats(xd)
+    xd2, xd3 = _floats(xd + 2)
+    ones = gl.full(x0.shape, ONES, gl.int32, x0.type.layout)
+    run0 = _run((ql_a & LOW4) | ((qh << 4) & BITS45), x0, ones)
+    run1 = _run((ql_b & LOW4) | ((qh << 2) & BITS45), x1, ones)
+    run2 = _run(((ql_a >> 4) & LOW4) | (qh & BITS45), x2, ones)
+    run3 = _run(((ql_b >> 4) & LOW4) | ((qh >> 2) & BITS45), x3, ones)
+    return d * (gl.load(sc).to(gl.float32) * xd0[None, :] * run0
+                + gl.load(sc + 2).to(gl.float32) * xd1[None, :] * run1
+                + gl.load(sc + 4).to(gl.float32) * xd2[None, :] * run2
+                + gl.load(sc + 6).to(gl.float32) * xd3[None, :] * run3)
+
+
+@gluon.jit
+def gluon_gemv_q6k_kernel(xq_ptr, xd_ptr, w_ptr, out_ptr, N, K_SPLIT, row_bytes, GROUPS: gl.constexpr,
+                          RPT: gl.constexpr, num_warps: gl.constexpr, PDL: gl.constexpr = False):
+    """``out[pid_k, 0, n] = sum over columns pid_k * K_SPLIT .. of W[n] . x_hat`` for one token; a program has
+    ``RPT * 32 / (4 GROUPS) * num_warps`` rows and walks ``GROUPS`` groups of 8 super-blocks per step (``K_SPLIT``
+    a multiple of ``2048 GROUPS``). ``xq [K / 4]`` int32 words, ``xd [K / 32]`` float32; ``w`` and ``row_bytes``
+    16-byte aligned. ``PDL``: ``triton_pdl``; nothing loads before the wait. Loading the first super-block's fields
+    of each step a step ahead, the first step's before the wait (as the Q4_K kernel does), was slower: 8B Q4_K_M at
+    batch 1 392.8 against 397.3 tok/s (engine A/B, H100), 4096x14336 26.4 against 24.8 us, 128256x4096 193.0
+    against 173.7."""
+    UPR: gl.constexpr = 4 * GROUPS
+    ROWS: gl.constexpr = RPT * (32 // UPR) * num_warps
+    layout: gl.constexpr = unit_layout(UPR, RPT, num_warps)
+    lay2: gl.constexpr = gl.SliceLayout(2, layout)
+    x_lay: gl.constexpr = gl.SliceLayout(0, layout)               # [UPR, 4]: the activations, no row axis
+    pid_n, pid_k = gl.program_id(0), gl.program_id(1)
+    offs_n = pid_n * ROWS + gl.arange(0, ROWS, layout=gl.SliceLayout(1, lay2))
+    rows = (w_ptr + gl.minimum(offs_n, N - 1).to(gl.int64) * row_bytes)[:, None]          # [R, 1]
+    u = gl.arange(0, UPR, layout=gl.SliceLayout(0, lay2))                                   # [UPR]
+    half, sub = (u % 4) // 2, u % 2
+    piece_a = (64 * half + 16 * sub)[None, :]
+    piece_h = (128 + 32 * half + 16 * sub)[None, :]
+    scales = (192 + 8 * half + sub)[None, :]
+    word = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, layout)))[None, None, :]
+    ux = gl.arange(0, UPR, layout=gl.SliceLayout(1, x_lay))
+    x_words = (512 * (ux // 4) + 32 * ((ux % 4) // 2) + 4 * (ux % 2))[:, None] + \
+        gl.arange(0, 4, layout=gl.SliceLayout(0, x_lay))[None, :]                            # [UPR, 4]
+    x_blocks = 64 * (u // 4) + 4 * half                                                     # [UPR]
+    group0 = pid_k * (K_SPLIT // 2048)
+    acc = gl.zeros([ROWS, UPR], gl.float32, lay2)
+    wait_for_previous(PDL)
+    for step in range(0, K_SPLIT // (2048 * GROUPS)):
+        group = group0 + step * GROUPS
+        sb0 = rows + (1680 * (group + u // 4))[None, :]                                    # [R, UPR], aligned
+        x = xq_ptr + 512 * group + x_words
+        xd = xd_ptr + 64 * group + x_blocks
+        for k in gl.static_range(GROUP):
+            ql_a, ql_b, qh = _q6k_fields(sb0, piece_a, piece_h, word, k)
+            acc += _q6k_sum(ql_a, ql_b, qh, sb0, scales, x + 64 * k, xd + 8 * k, k)
+    total = gl.sum(acc, axis=1)
+    gl.store(out_ptr + pid_k * N + offs_n, total.to(out_ptr.dtype.element_ty), mask=offs_n < N)
