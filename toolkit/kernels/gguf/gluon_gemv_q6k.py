@@ -29,7 +29,6 @@ from .gluon_gemv import _floats
 from .gluon_pipeline import wait_for_previous
 from .triton_words import half_bits
 
-Q6K_BYTES = gl.constexpr(210)
 GROUP = gl.constexpr(8)                    # super-blocks per thread and step: 1,680 bytes, a multiple of 16
 LOW4 = gl.constexpr(0x0F0F0F0F)
 BITS45 = gl.constexpr(0x30303030)
