@@ -29,7 +29,8 @@ def _packed(name: str, rows: int, cols: int) -> torch.Tensor:
     ("Q4_K", 28672, 4096, (8, 4, 1, 0)), ("Q4_K", 16384, 2048, (8, 4, 1, 0)), ("Q4_K", 4096, 4096, (8, 2, 1, 0)),
     ("Q4_K", 2048, 2048, (8, 2, 1, 0)), ("Q4_K", 4096, 14336, (4, 4, 1, 0)), ("Q4_K", 2048, 8192, None),
     ("Q6_K", 4096, 14336, (1, 1, 1, 7)), ("Q6_K", 128256, 4096, (1, 1, 1, 7)), ("Q6_K", 4096, 4096, None),
-    ("Q6_K", 1024, 4096, None), ("Q6_K", 151936, 1536, None), ("Q6_K", 1536, 8960, None), ("Q4_0", 4096, 4096, None), ("Q8_0", 4096, 4096, None), ("Q5_K", 4096, 4096, None)])
+    ("Q6_K", 1024, 4096, None), ("Q6_K", 151936, 1536, None), ("Q6_K", 1536, 8960, None), ("Q4_0", 4096, 4096, None),
+    ("Q8_0", 4096, 4096, None), ("Q5_K", 4096, 4096, None)])
 def test_launch_by_type_and_shape(monkeypatch, name, rows, cols, launch):
     """Q4_K and Q6_K at the shapes the H100 sweeps measured them faster (``GEMV_RULES``); Q6_K only of 16-byte-aligned
     rows (2,048-column multiples)."""
@@ -81,7 +82,18 @@ def _compile_script(module: str, kernel: str, step: str, launches: tuple) -> str
     """)
 
 
-SCRIPT = _compile_script("gluon_gemv", "gluon_gemv_q4k_kernel", "SB_STEP", ((4, 1, 1), (2, 1, 1), (1, 1, 1), (4, 2, 4)))
+def _before_pdl_wait(ptx: str) -> list[str]:
+    """The PDL contract (``triton_pdl``) both kernels keep, asserted: nothing stored before ``griddepcontrol.wait``,
+    the next kernel never let in early. Returns the lines before the wait."""
+    lines = ptx.splitlines()
+    gdc = next(i for i, line in enumerate(lines) if "griddepcontrol.wait" in line)
+    assert not any("st.global" in line for line in lines[:gdc]), "out written before the wait"
+    assert not any("griddepcontrol.launch_dependents" in line for line in lines)
+    return lines[:gdc]
+
+
+SCRIPT = _compile_script("gluon_gemv", "gluon_gemv_q4k_kernel", "SB_STEP",
+                         ((4, 1, 1), (2, 1, 1), (1, 1, 1), (4, 2, 4)))
 
 
 @pytest.mark.slow
@@ -89,8 +101,7 @@ SCRIPT = _compile_script("gluon_gemv", "gluon_gemv_q4k_kernel", "SB_STEP", ((4, 
 def test_compiled_for_sm90_each_thread_sums_its_group_alone():
     """What the kernel is for, in the code ptxas receives: per step a thread loads its group's 32 quant bytes of each
     of its rows as two 16-byte vectors and their activations once as four, runs 16 dp4a per row, and nothing in the
-    loop crosses threads (no shuffle,
-    no shared memory); and the PDL contract (``triton_pdl``): weights load before ``griddepcontrol.wait``, nothing
+    loop crosses threads (no shuffle, no shared memory); and the PDL contract (``triton_pdl``): weights load before ``griddepcontrol.wait``, nothing
     is stored before it, and the next kernel is not let in early."""
     cases = compile_in_fresh_process(SCRIPT)
     assert len(cases) == 4
@@ -101,11 +112,7 @@ def test_compiled_for_sm90_each_thread_sums_its_group_alone():
         assert len(vectors) == 2 * rpt + 4, (launch, vectors)     # quants of each row, activations once
         assert sum(line.startswith("dp4a.s32.s32") for line in loop) == 16 * rpt, launch
         assert not any("shfl" in line or "ld.shared" in line or "bar.sync" in line for line in loop), launch
-        lines = ptx.splitlines()
-        gdc = next(i for i, line in enumerate(lines) if "griddepcontrol.wait" in line)
-        assert any("ld.global" in line for line in lines[:gdc]), "weights load after the wait"
-        assert not any("st.global" in line for line in lines[:gdc]), "out written before the wait"
-        assert not any("griddepcontrol.launch_dependents" in line for line in lines)
+        assert any("ld.global" in line for line in _before_pdl_wait(ptx)), "weights load after the wait"
 
 
 SCRIPT_Q6K = _compile_script("gluon_gemv_q6k", "gluon_gemv_q6k_kernel", "GROUPS", ((1, 1, 1), (1, 2, 1), (2, 2, 4)))
@@ -132,10 +139,7 @@ def test_q6k_compiled_for_sm90_reads_its_2_aligned_fields_as_16_byte_vectors():
         assert sum(line.count("shf.r.clamp.b32") for line in loop) == 4 * 3 * 4 * rpt, launch  # 4 odd-offset blocks
         assert sum(line.startswith("dp4a.s32.s32") for line in loop) == 8 * 16 * (rpt + 1), launch
         assert not any("shfl" in line or "ld.shared" in line or "bar.sync" in line for line in loop), launch
-        lines = ptx.splitlines()
-        gdc = next(i for i, line in enumerate(lines) if "griddepcontrol.wait" in line)
-        assert not any("st.global" in line for line in lines[:gdc]), "out written before the wait"
-        assert not any("griddepcontrol.launch_dependents" in line for line in lines)
+        _before_pdl_wait(ptx)
 
 def _h100() -> bool:
     return torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0) and HAS_GLUON

@@ -28,18 +28,18 @@ LOW4 = gl.constexpr(0x0F0F0F0F)
 
 
 @constexpr_function
-def group_layout(UPR, RPT, num_warps):
-    """``[rows, UPR groups, 8 words]``: a thread's 8 words of ``RPT`` rows in its registers, ``UPR`` threads per row
-    (super-blocks per step x 4 groups), the rest of the warp and the other warps on more rows."""
-    return gl.BlockedLayout([RPT, 1, 8], [32 // UPR, UPR, 1], [num_warps, 1, 1], [2, 1, 0])
+def gemv_layout(UPR, RPT, WORDS, num_warps):
+    """``[rows, UPR units, WORDS words]``: a thread's ``WORDS`` words of ``RPT`` rows in its registers, ``UPR`` threads
+    per row (a row's units in a step: Q4_K groups, Q6_K pieces), the rest of the warp and the other warps on more
+    rows."""
+    return gl.BlockedLayout([RPT, 1, WORDS], [32 // UPR, UPR, 1], [num_warps, 1, 1], [2, 1, 0])
 
 
 @gluon.jit
-def _dot8(w, x):
-    """``sum over the last axis (8 words) of dp4a(w, x)`` for signed bytes: one chain of dp4a in each thread."""
-    acc = gl.sum(gl.inline_asm_elementwise("dp4a.s32.s32 $0, $1, $2, 0;", "=r,r,r", [w, x], dtype=gl.int32,
-                                           is_pure=True, pack=1), axis=2)
-    return acc.to(gl.float32)
+def dp4a_sum(w, x):
+    """``sum over the last axis of dp4a(w, x)`` for signed bytes, int32: one chain of dp4a in each thread."""
+    return gl.sum(gl.inline_asm_elementwise("dp4a.s32.s32 $0, $1, $2, 0;", "=r,r,r", [w, x], dtype=gl.int32,
+                                            is_pure=True, pack=1), axis=len(w.shape) - 1)
 
 
 @gluon.jit
@@ -75,8 +75,8 @@ def _q4k_sums(dd, sw0, sw1, sw2, w, g, x_lo, x_hi, xd, xs):
     """Each thread's partial sums ``[R, UPR]`` of its group ``g`` against its activations: int8 words ``x_lo``/``x_hi
     [UPR, 8]`` (of the group's low / high 32 columns, loaded once for the thread's rows) and the pointers ``xd``,
     ``xs [UPR]`` to their blocks' scales and ``xd * sum(q)``."""
-    lo = _dot8((w & LOW4).to(gl.int32, bitcast=True), x_lo[None, :, :])
-    hi = _dot8(((w >> 4) & LOW4).to(gl.int32, bitcast=True), x_hi[None, :, :])
+    lo = dp4a_sum((w & LOW4).to(gl.int32, bitcast=True), x_lo[None, :, :]).to(gl.float32)
+    hi = dp4a_sum(((w >> 4) & LOW4).to(gl.int32, bitcast=True), x_hi[None, :, :]).to(gl.float32)
     d_lo, d_hi = _floats(xd)
     s_lo, s_hi = _floats(xs)
     d, dmin = half_bits(dd), half_bits(dd >> 16)
@@ -97,7 +97,7 @@ def gluon_gemv_q4k_kernel(xq_ptr, xd_ptr, xs_ptr, w_ptr, out_ptr, N, K_SPLIT, ro
     slower: 31.5 against 27.8 us at 28672x4096 on an H100)."""
     UPR: gl.constexpr = 4 * SB_STEP
     ROWS: gl.constexpr = RPT * (32 // UPR) * num_warps
-    layout: gl.constexpr = group_layout(UPR, RPT, num_warps)
+    layout: gl.constexpr = gemv_layout(UPR, RPT, 8, num_warps)
     lay2: gl.constexpr = gl.SliceLayout(2, layout)
     x_lay: gl.constexpr = gl.SliceLayout(0, layout)               # [UPR, 8]: the activations, no row axis
     pid_n, pid_k = gl.program_id(0), gl.program_id(1)

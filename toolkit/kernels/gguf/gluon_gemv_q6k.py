@@ -25,7 +25,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import constexpr_function
 from triton.experimental.gluon import language as gl
 
-from .gluon_gemv import _floats
+from .gluon_gemv import _floats, dp4a_sum, gemv_layout
 from .gluon_pipeline import wait_for_previous
 from .triton_words import half_bits
 
@@ -33,13 +33,6 @@ GROUP = gl.constexpr(8)                    # super-blocks per thread and step: 1
 LOW4 = gl.constexpr(0x0F0F0F0F)
 BITS45 = gl.constexpr(0x30303030)
 ONES = gl.constexpr(0x01010101)
-
-
-@constexpr_function
-def unit_layout(UPR, RPT, num_warps):
-    """``[rows, UPR pieces, 4 words]``: a thread's 4 words of ``RPT`` rows in its registers, ``UPR`` threads per row
-    (groups per step x 4 pieces), the rest of the warp and the other warps on more rows."""
-    return gl.BlockedLayout([RPT, 1, 4], [32 // UPR, UPR, 1], [num_warps, 1, 1], [2, 1, 0])
 
 
 @constexpr_function
@@ -69,17 +62,11 @@ def _window(aligned, word, SKIP: gl.constexpr):
 
 
 @gluon.jit
-def _dot4(w, x):
-    """``sum over the last axis (4 words) of dp4a(w, x)``, int32: one dp4a chain in each thread."""
-    return gl.sum(gl.inline_asm_elementwise("dp4a.s32.s32 $0, $1, $2, 0;", "=r,r,r", [w, x], dtype=gl.int32,
-                                            is_pure=True, pack=1), axis=len(w.shape) - 1)
-
-
-@gluon.jit
 def _run(q, x, ones):
     """``sum((q - 32) x)`` of a 16-column run, float32 ``[R, UPR]``: ``q [R, UPR, 4]`` unsigned 6-bit bytes,
     ``x [UPR, 4]`` int8 words (``ones`` a tensor like it of 0x01010101)."""
-    return (_dot4(q.to(gl.int32, bitcast=True), x[None, :, :]) - 32 * _dot4(ones[None, :, :], x[None, :, :])).to(gl.float32)
+    return (dp4a_sum(q.to(gl.int32, bitcast=True), x[None, :, :])
+            - 32 * dp4a_sum(ones[None, :, :], x[None, :, :])).to(gl.float32)
 
 
 @gluon.jit
@@ -127,7 +114,7 @@ def gluon_gemv_q6k_kernel(xq_ptr, xd_ptr, w_ptr, out_ptr, N, K_SPLIT, row_bytes,
     against 173.7."""
     UPR: gl.constexpr = 4 * GROUPS
     ROWS: gl.constexpr = RPT * (32 // UPR) * num_warps
-    layout: gl.constexpr = unit_layout(UPR, RPT, num_warps)
+    layout: gl.constexpr = gemv_layout(UPR, RPT, 4, num_warps)  # [rows, pieces, 4 words]
     lay2: gl.constexpr = gl.SliceLayout(2, layout)
     x_lay: gl.constexpr = gl.SliceLayout(0, layout)               # [UPR, 4]: the activations, no row axis
     pid_n, pid_k = gl.program_id(0), gl.program_id(1)
