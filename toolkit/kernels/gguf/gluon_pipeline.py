@@ -96,10 +96,15 @@ def weight_rows(w_ptr, N, row_bytes, pid_n, BN: gl.constexpr, layout: gl.constex
 
 
 @gluon.jit
-def activation_ring(dtype: gl.constexpr, STAGES: gl.constexpr, PIECES: gl.constexpr, BM: gl.constexpr):
-    """The ring: ``STAGES`` units of ``[PIECES BM, 32]`` activations in NVMMA-swizzled shared memory."""
+def activation_ring(dtype: gl.constexpr, STAGES: gl.constexpr, PIECES: gl.constexpr, BM: gl.constexpr, x_base, x_ok,
+                    first, units, COLS: gl.constexpr):
+    """The ring: ``STAGES`` units of ``[PIECES BM, 32]`` activations in NVMMA-swizzled shared memory, its first
+    ``STAGES - 1`` (from unit ``first``, of the program's ``units``) already copying (``copy_activations``)."""
     x_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BM, 32], dtype)
-    return gl.allocate_shared_memory(dtype, [STAGES, PIECES * BM, 32], x_layout)
+    x_smem = gl.allocate_shared_memory(dtype, [STAGES, PIECES * BM, 32], x_layout)
+    for j in gl.static_range(STAGES - 1):
+        copy_activations(x_smem.index(j), x_base, x_ok, first + j, j < units, COLS)
+    return x_smem
 
 
 @gluon.jit

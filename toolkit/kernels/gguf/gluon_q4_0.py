@@ -18,7 +18,7 @@ from triton.experimental.gluon import constexpr_function
 from triton.experimental.gluon import language as gl
 
 from .gluon_pipeline import (HIGH_UNIT_PTX, LOW_UNIT_PTX, activation_ring, activation_source, activations_ready,
-                             copy_activations, copy_layout, mma_in_flight, operand_layouts, pairs_layout, refill,
+                             copy_layout, mma_in_flight, operand_layouts, pairs_layout, refill,
                              store_result, wait_for_previous, weight_rows)
 
 Q40_BYTES = gl.constexpr(18)
@@ -122,9 +122,7 @@ def gluon_q40_kernel(x_ptr, w_ptr, out_ptr, T, N, K, K_SPLIT, stride_x, row_byte
     wait_for_previous(PDL)
     acc = gl.zeros([BN, BM], gl.float32, layout=mma)
     w_prev = gl.zeros([BN, 32], dtype, layout=a_layout)                          # the tile of the MMA in flight
-    x_smem = activation_ring(dtype, STAGES, GROUP, BM)
-    for j in gl.static_range(STAGES - 1):                                        # the ring's first groups
-        copy_activations(x_smem.index(j), x_base, x_ok, first + j, j < ngroups, 32 * GROUP)
+    x_smem = activation_ring(dtype, STAGES, GROUP, BM, x_base, x_ok, first, ngroups, 32 * GROUP)
     for i in range(ngroups):
         grp = first + i
         acc, w_prev, ds, qs = _group(

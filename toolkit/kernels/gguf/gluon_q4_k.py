@@ -14,7 +14,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
 from .gluon_pipeline import (HIGH_UNIT_PTX, LOW_UNIT_PTX, activation_ring, activation_source, activations_ready,
-                             copy_activations, copy_layout, mma_in_flight, operand_layouts, pairs_layout, refill,
+                             copy_layout, mma_in_flight, operand_layouts, pairs_layout, refill,
                              store_result, wait_for_previous, weight_rows)
 # Triton functions a Gluon kernel may call (no layout of their own): the Triton kernels' scale and fp16 decoding
 from .triton_mmq import _k_scale_min_words
@@ -123,9 +123,7 @@ def gluon_q4k_kernel(x_ptr, w_ptr, out_ptr, T, N, K, K_SPLIT, stride_x, row_byte
     wait_for_previous(PDL)
     acc = gl.zeros([BN, BM], gl.float32, layout=mma)
     w_prev = gl.zeros([BN, 32], dtype, layout=a_layout)                          # the tile of the MMA in flight
-    x_smem = activation_ring(dtype, STAGES, 8, BM)
-    for j in gl.static_range(STAGES - 1):                                        # the ring's first super-blocks
-        copy_activations(x_smem.index(j), x_base, x_ok, first + j, j < nsb, 256)
+    x_smem = activation_ring(dtype, STAGES, 8, BM, x_base, x_ok, first, nsb, 256)
     for i in range(nsb):
         sb = first + i
         acc, w_prev, dd, sw0, sw1, sw2, q0, q1, q2, q3 = _superblock(

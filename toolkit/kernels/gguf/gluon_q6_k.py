@@ -20,7 +20,7 @@ from __future__ import annotations
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
-from .gluon_pipeline import (activation_ring, activation_source, activations_ready, copy_activations, copy_layout,
+from .gluon_pipeline import (activation_ring, activation_source, activations_ready, copy_layout,
                              mma_in_flight, operand_layouts, pairs_layout, refill, store_result, wait_for_previous,
                              weight_rows)
 
@@ -177,9 +177,7 @@ def gluon_q6k_kernel(x_ptr, w_ptr, out_ptr, T, N, K, K_SPLIT, stride_x, row_byte
     wait_for_previous(PDL)
     acc = gl.zeros([BN, BM], gl.float32, layout=mma)
     w_prev = gl.zeros([BN, 32], dtype, layout=a_layout)                          # the tile of the MMA in flight
-    x_smem = activation_ring(dtype, STAGES, 8, BM)
-    for j in gl.static_range(STAGES - 1):                                        # the ring's first super-blocks
-        copy_activations(x_smem.index(j), x_base, x_ok, first + j, j < nsb, 256)
+    x_smem = activation_ring(dtype, STAGES, 8, BM, x_base, x_ok, first, nsb, 256)
     for i in range(nsb):
         sb = first + i
         acc, w_prev, d16, a0, a1, a2, a3, h0, h1, s0, s1, s2, s3, s4, s5, s6, s7 = _superblock(
