@@ -84,11 +84,12 @@ def _compile_script(module: str, kernel: str, step: str, launches: tuple) -> str
 
 def _before_pdl_wait(ptx: str) -> list[str]:
     """The PDL contract (``triton_pdl``) both kernels keep, asserted: nothing stored before ``griddepcontrol.wait``,
-    the next kernel never let in early. Returns the lines before the wait."""
+    the next kernel let in after it (``GLUON_GEMV_EARLY_LAUNCH``), not before. Returns the lines before the wait."""
     lines = ptx.splitlines()
     gdc = next(i for i, line in enumerate(lines) if "griddepcontrol.wait" in line)
     assert not any("st.global" in line for line in lines[:gdc]), "out written before the wait"
-    assert not any("griddepcontrol.launch_dependents" in line for line in lines)
+    launch = [i for i, line in enumerate(lines) if "griddepcontrol.launch_dependents" in line]
+    assert launch and min(launch) > gdc, "the next kernel must launch after the wait"
     return lines[:gdc]
 
 
@@ -101,8 +102,8 @@ SCRIPT = _compile_script("gluon_gemv", "gluon_gemv_q4k_kernel", "SB_STEP",
 def test_compiled_for_sm90_each_thread_sums_its_group_alone():
     """What the kernel is for, in the code ptxas receives: per step a thread loads its group's 32 quant bytes of each
     of its rows as two 16-byte vectors and their activations once as four, runs 16 dp4a per row, and nothing in the
-    loop crosses threads (no shuffle, no shared memory); and the PDL contract (``triton_pdl``): weights load before ``griddepcontrol.wait``, nothing
-    is stored before it, and the next kernel is not let in early."""
+    loop crosses threads (no shuffle, no shared memory); and the PDL contract (``triton_pdl``): weights load before
+    ``griddepcontrol.wait``, nothing is stored before it, and the next kernel is let in after it, not before."""
     cases = compile_in_fresh_process(SCRIPT)
     assert len(cases) == 4
     for launch, case in cases.items():
@@ -125,8 +126,8 @@ def test_q6k_compiled_for_sm90_reads_its_2_aligned_fields_as_16_byte_vectors():
     super-block (two ql, one qh) is loaded as 16-byte vectors, one where the super-block sits on a 16-byte boundary
     (the first of each group of eight), two and a funnel shift elsewhere, never as 16-bit pieces (only the scale bytes
     and d are narrow); 16 dp4a per row and super-block plus 16 for the activation sums the rows share; nothing in the
-    loop crosses threads; the PDL contract (nothing stored before ``griddepcontrol.wait``, the next kernel not let in
-    early)."""
+    loop crosses threads; the PDL contract (nothing stored before ``griddepcontrol.wait``, the next kernel let in after
+    it)."""
     cases = compile_in_fresh_process(SCRIPT_Q6K)
     assert len(cases) == 3
     for launch, case in cases.items():

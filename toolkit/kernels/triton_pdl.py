@@ -13,9 +13,12 @@ The contract of a kernel that takes ``PDL`` (a constexpr, True only when launche
   decode attention loads its first tile of those before it waits, the new token's K/V after);
 - the wait also lets the next kernel start launching (``griddepcontrol.launch_dependents``), after the
   wait, not before, so that at most two kernels overlap: the next one's programs are placed as this
-  one's last programs run. The GGUF matmuls do not: they read their first weights before their wait,
-  so launching them early pays, but a kernel placed early beside them waits through their whole run,
-  and on an H100 that made batch-1 decode 13-18% slower (docs/benchmarks.md, PDL).
+  one's last programs run. The GGUF matmuls read their first weights before their wait, so launching them
+  early pays; whether they let the next kernel in early was measured per kernel (H100, batch-1 decode,
+  docs/benchmarks.md). The tensor-core matmuls (2+ tokens) and the Triton GEMV (``triton_gemv_tokens``) do not:
+  a kernel placed early beside them waits through their whole run (all GEMVs letting the next in once made
+  batch-1 decode 13-18% slower; the Triton GEMV alone now: the 1.5B Q4_0 -7%). The Gluon one-token GEMVs do
+  (``GLUON_GEMV_EARLY_LAUNCH``): 8B Q4_K_M +1.1%, 1.5B Q4_K_M +1.5%, the Q4_0 file (none of them) even.
 ``launch_options(device)`` gives both keyword arguments of a launch; they are off on a CPU (the Triton
 interpreter has no ``griddepcontrol``), before sm_90, and with ``TOOLKIT_PDL=0``.
 """
@@ -39,13 +42,19 @@ except ImportError:  # pragma: no cover - older Triton: launch_options never tur
 # TOOLKIT_PDL_EARLY=0: no kernel lets the next one launch before it exits (read when this module is imported;
 # measured on an H100 against the default in docs/benchmarks.md).
 EARLY_LAUNCH = tl.constexpr(os.environ.get("TOOLKIT_PDL_EARLY", "1") != "0")
+# TOOLKIT_PDL_GEMV_EARLY=0: the Gluon one-token GEMVs keep the next kernel out until they exit, as the other matmuls
+# do; =all: the Triton GEMV (triton_gemv_tokens) lets it in early too; default (gluon): the Gluon GEMVs only. Read
+# when this module is imported (A/B in fresh processes).
+_GEMV_EARLY = os.environ.get("TOOLKIT_PDL_GEMV_EARLY", "gluon")
+GLUON_GEMV_EARLY_LAUNCH = tl.constexpr(EARLY_LAUNCH.value and _GEMV_EARLY in ("gluon", "all"))
+TRITON_GEMV_EARLY_LAUNCH = tl.constexpr(EARLY_LAUNCH.value and _GEMV_EARLY == "all")
 
 
 @triton.jit
 def wait_for_previous(PDL: tl.constexpr, LAUNCH_NEXT: tl.constexpr = True):
     """With ``PDL``: wait until the previous kernel has completed, then (``LAUNCH_NEXT``) let the next one
-    launch. A kernel that streams weights over the whole GPU passes ``LAUNCH_NEXT=False``: the next
-    kernel's programs, placed early, would wait beside it for its whole run."""
+    launch. A matmul passes ``LAUNCH_NEXT=False`` (the next kernel's programs, placed early, would wait beside it
+    for its whole run) or, measured faster, its ``*_EARLY_LAUNCH`` switch."""
     if PDL:
         gdc_wait()
         if LAUNCH_NEXT and EARLY_LAUNCH:

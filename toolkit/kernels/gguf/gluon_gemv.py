@@ -20,6 +20,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import constexpr_function
 from triton.experimental.gluon import language as gl
 
+from ..triton_pdl import GLUON_GEMV_EARLY_LAUNCH
 from .gluon_pipeline import wait_for_previous
 from .triton_words import _k_scale_min, half_bits
 
@@ -114,7 +115,7 @@ def gluon_gemv_q4k_kernel(xq_ptr, xd_ptr, xs_ptr, w_ptr, out_ptr, N, K_SPLIT, ro
     sb0 = pid_k * (K_SPLIT // 256)
     acc = gl.zeros([ROWS, UPR], gl.float32, lay2)
     dd, sw0, sw1, sw2, w = _q4k_weights(rows, sb0, head, quants, word[None, None, :])
-    wait_for_previous(PDL)
+    wait_for_previous(PDL, GLUON_GEMV_EARLY_LAUNCH)
     for step in range(1, K_SPLIT // (256 * SB_STEP)):
         x = xq_ptr + 64 * sb0 + x_words
         acc += _q4k_sums(dd, sw0, sw1, sw2, w, g, gl.load(x), gl.load(x + 8), xd_ptr + 8 * sb0 + blocks,

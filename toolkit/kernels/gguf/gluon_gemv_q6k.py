@@ -25,6 +25,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import constexpr_function
 from triton.experimental.gluon import language as gl
 
+from ..triton_pdl import GLUON_GEMV_EARLY_LAUNCH
 from .gluon_gemv import _floats, dp4a_sum, gemv_layout
 from .gluon_pipeline import wait_for_previous
 from .triton_words import half_bits
@@ -132,7 +133,7 @@ def gluon_gemv_q6k_kernel(xq_ptr, xd_ptr, w_ptr, out_ptr, N, K_SPLIT, row_bytes,
     x_blocks = 64 * (u // 4) + 4 * half                                                     # [UPR]
     group0 = pid_k * (K_SPLIT // 2048)
     acc = gl.zeros([ROWS, UPR], gl.float32, lay2)
-    wait_for_previous(PDL)
+    wait_for_previous(PDL, GLUON_GEMV_EARLY_LAUNCH)
     for step in range(0, K_SPLIT // (2048 * GROUPS)):
         group = group0 + step * GROUPS
         sb0 = rows + (1680 * (group + u // 4))[None, :]                                    # [R, UPR], aligned

@@ -78,13 +78,17 @@ def operand_layouts(BN, BM, num_warps):
 
 
 @gluon.jit
-def wait_for_previous(PDL: gl.constexpr):
+def wait_for_previous(PDL: gl.constexpr, LAUNCH_NEXT: gl.constexpr = False):
     """``triton_pdl``'s contract: with ``PDL``, wait here for the previous kernel (which wrote the activations); the
-    kernels load their first weights before it and never let the next kernel in early (they stream weights over the
-    whole GPU)."""
+    kernels load their first weights before it. The tensor-core kernels never let the next kernel in early (they
+    stream weights over the whole GPU); the one-token GEMVs do (``LAUNCH_NEXT``: ``GLUON_GEMV_EARLY_LAUNCH``,
+    measured in ``triton_pdl``)."""
     if PDL:
         gl.inline_asm_elementwise("griddepcontrol.wait; // dummy $0", "=r", [], dtype=gl.int32, is_pure=False,
                                   pack=1)
+        if LAUNCH_NEXT:
+            gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // dummy $0", "=r", [], dtype=gl.int32,
+                                      is_pure=False, pack=1)
 
 
 @gluon.jit

@@ -21,7 +21,7 @@ import triton
 import triton.language as tl
 
 from .triton_dp4a import LOW2, LOW4, ONES, Q4_0, Q4_K, Q5_K, Q6_K, Q8_0, _spread_bits, dp4a, load_u32_from_u16
-from ..triton_pdl import wait_for_previous
+from ..triton_pdl import TRITON_GEMV_EARLY_LAUNCH, wait_for_previous
 from .triton_words import _k_scale_min, half_bits, load_u16, load_u32
 
 HIGH: tl.constexpr = tl.constexpr(0x80808080)
@@ -328,7 +328,7 @@ def gemv_tokens_kernel(xq_ptr, xd_ptr, xs_ptr, w_ptr, out_ptr, T, N, K, K_SPLIT,
     zeros = _zeros(BN, QTYPE, BK)
     k_start = pid_k * K_SPLIT
     raw = _raw(w_ptr, row_off, k_start, QTYPE, TS, BK, EVICT)      # weights: no kernel of the step writes them
-    wait_for_previous(PDL, LAUNCH_NEXT=False)
+    wait_for_previous(PDL, LAUNCH_NEXT=TRITON_GEMV_EARLY_LAUNCH)
     accs = (zeros, zeros, zeros, zeros, zeros, zeros, zeros, zeros)
     accs = _step(_weights(raw, QTYPE), accs, xq_ptr, xd_ptr, xs_ptr, T, K, k_start, QTYPE, BM, BK, DP4A)
     for k_step in range(BK, K_SPLIT, BK):
