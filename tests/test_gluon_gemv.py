@@ -93,6 +93,19 @@ def _before_pdl_wait(ptx: str) -> list[str]:
     return lines[:gdc]
 
 
+
+def _compiled_loops(script: str, launches: int):
+    """``(launch, ptx, rows per thread, main loop)`` of each of the ``launches`` compiles ``script`` prints, after
+    asserting what both kernels keep: nothing in the loop crosses threads (no shuffle, no shared memory), and the PDL
+    contract (``_before_pdl_wait``)."""
+    cases = compile_in_fresh_process(script)
+    assert len(cases) == launches
+    for launch, case in cases.items():
+        loop = ptx_loop(case["ptx"])
+        assert not any("shfl" in line or "ld.shared" in line or "bar.sync" in line for line in loop), launch
+        _before_pdl_wait(case["ptx"])
+        yield launch, case["ptx"], case["rpt"], loop
+
 SCRIPT = _compile_script("gluon_gemv", "gluon_gemv_q4k_kernel", "SB_STEP",
                          ((4, 1, 1), (2, 1, 1), (1, 1, 1), (4, 2, 4)))
 
@@ -104,15 +117,10 @@ def test_compiled_for_sm90_each_thread_sums_its_group_alone():
     of its rows as two 16-byte vectors and their activations once as four, runs 16 dp4a per row, and nothing in the
     loop crosses threads (no shuffle, no shared memory); and the PDL contract (``triton_pdl``): weights load before
     ``griddepcontrol.wait``, nothing is stored before it, and the next kernel is let in after it, not before."""
-    cases = compile_in_fresh_process(SCRIPT)
-    assert len(cases) == 4
-    for launch, case in cases.items():
-        ptx, rpt = case["ptx"], case["rpt"]
-        loop = ptx_loop(ptx)
+    for launch, ptx, rpt, loop in _compiled_loops(SCRIPT, 4):
         vectors = [line for line in loop if re.match(r"ld\.global(\.\S+)*\.v4\.b32", line)]
         assert len(vectors) == 2 * rpt + 4, (launch, vectors)     # quants of each row, activations once
         assert sum(line.startswith("dp4a.s32.s32") for line in loop) == 16 * rpt, launch
-        assert not any("shfl" in line or "ld.shared" in line or "bar.sync" in line for line in loop), launch
         assert any("ld.global" in line for line in _before_pdl_wait(ptx)), "weights load after the wait"
 
 
@@ -128,19 +136,13 @@ def test_q6k_compiled_for_sm90_reads_its_2_aligned_fields_as_16_byte_vectors():
     and d are narrow); 16 dp4a per row and super-block plus 16 for the activation sums the rows share; nothing in the
     loop crosses threads; the PDL contract (nothing stored before ``griddepcontrol.wait``, the next kernel let in after
     it)."""
-    cases = compile_in_fresh_process(SCRIPT_Q6K)
-    assert len(cases) == 3
-    for launch, case in cases.items():
-        ptx, rpt = case["ptx"], case["rpt"]
-        loop = ptx_loop(ptx)
+    for launch, _, rpt, loop in _compiled_loops(SCRIPT_Q6K, 3):
         vectors = [line for line in loop if re.match(r"ld\.global\.v4\.b32", line)]
         assert len(vectors) == (3 + 7 * 6) * rpt + 4 * 8, (launch, len(vectors))   # activations once for all rows
         narrow = [line for line in loop if re.match(r"ld\.global(\.\S+)*\.b(8|16) ", line)]
         assert len(narrow) == 5 * 8 * rpt, (launch, len(narrow))      # 4 scales and d per row and super-block
         assert sum(line.count("shf.r.clamp.b32") for line in loop) == 4 * 3 * 4 * rpt, launch  # 4 odd-offset blocks
         assert sum(line.startswith("dp4a.s32.s32") for line in loop) == 8 * 16 * (rpt + 1), launch
-        assert not any("shfl" in line or "ld.shared" in line or "bar.sync" in line for line in loop), launch
-        _before_pdl_wait(ptx)
 
 def _h100() -> bool:
     return torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0) and HAS_GLUON

@@ -43,10 +43,10 @@ except ImportError:  # pragma: no cover - older Triton: launch_options never tur
 # measured on an H100 against the default in docs/benchmarks.md).
 EARLY_LAUNCH = tl.constexpr(os.environ.get("TOOLKIT_PDL_EARLY", "1") != "0")
 # TOOLKIT_PDL_GEMV_EARLY=0: the Gluon one-token GEMVs keep the next kernel out until they exit, as the other matmuls
-# do; =all: the Triton GEMV (triton_gemv_tokens) lets it in early too; default (gluon): the Gluon GEMVs only. Read
-# when this module is imported (A/B in fresh processes).
+# do; =all: the Triton GEMV (triton_gemv_tokens) lets it in early too; anything else (default): the Gluon GEMVs only.
+# Read when this module is imported (A/B in fresh processes).
 _GEMV_EARLY = os.environ.get("TOOLKIT_PDL_GEMV_EARLY", "gluon")
-GLUON_GEMV_EARLY_LAUNCH = tl.constexpr(EARLY_LAUNCH.value and _GEMV_EARLY in ("gluon", "all"))
+GLUON_GEMV_EARLY_LAUNCH = tl.constexpr(EARLY_LAUNCH.value and _GEMV_EARLY != "0")
 TRITON_GEMV_EARLY_LAUNCH = tl.constexpr(EARLY_LAUNCH.value and _GEMV_EARLY == "all")
 
 
