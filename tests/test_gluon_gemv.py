@@ -29,11 +29,13 @@ def _packed(name: str, rows: int, cols: int) -> torch.Tensor:
     ("Q4_K", 28672, 4096, (8, 4, 1, 0)), ("Q4_K", 16384, 2048, (8, 4, 1, 0)), ("Q4_K", 4096, 4096, (8, 2, 1, 0)),
     ("Q4_K", 2048, 2048, (8, 2, 1, 0)), ("Q4_K", 4096, 14336, (4, 4, 1, 0)), ("Q4_K", 2048, 8192, None),
     ("Q6_K", 4096, 14336, (1, 1, 1, 7)), ("Q6_K", 128256, 4096, (1, 1, 1, 7)), ("Q6_K", 4096, 4096, None),
-    ("Q6_K", 1024, 4096, None), ("Q6_K", 151936, 1536, None), ("Q6_K", 1536, 8960, None), ("Q4_0", 4096, 4096, None),
+    ("Q6_K", 1024, 4096, None), ("Q6_K", 151936, 1536, None), ("Q6_K", 1536, 8960, None), ("Q4_0", 4096, 4096, (8, 2, 4, 0)),
+    ("Q4_0", 16384, 2048, (8, 2, 4, 0)), ("Q4_0", 4096, 14336, (8, 1, 1, 0)), ("Q4_0", 2048, 8192, (8, 1, 1, 0)),
+    ("Q4_0", 4096, 6144, None), ("Q4_0", 4096, 2080, None),
     ("Q8_0", 4096, 4096, None), ("Q5_K", 4096, 4096, None)])
 def test_launch_by_type_and_shape(monkeypatch, name, rows, cols, launch):
-    """Q4_K and Q6_K at the shapes the H100 sweeps measured them faster (``GEMV_RULES``); Q6_K only of 16-byte-aligned
-    rows (2,048-column multiples)."""
+    """Q4_K, Q6_K and Q4_0 at the shapes the H100 sweeps measured them faster (``GEMV_RULES``); Q6_K only of
+    16-byte-aligned rows (2,048-column multiples), Q4_0 of whole groups of eight blocks (256-column multiples)."""
     monkeypatch.delenv("TOOLKIT_GGUF_GLUON_GEMV", raising=False)
     monkeypatch.delenv("TOOLKIT_GGUF_GLUON_GEMV_LAUNCH", raising=False)
     monkeypatch.setattr(gluon_gemv_ops, "_runs_on", lambda device: True)
@@ -144,6 +146,27 @@ def test_q6k_compiled_for_sm90_reads_its_2_aligned_fields_as_16_byte_vectors():
         assert sum(line.count("shf.r.clamp.b32") for line in loop) == 4 * 3 * 4 * rpt, launch  # 4 odd-offset blocks
         assert sum(line.startswith("dp4a.s32.s32") for line in loop) == 8 * 16 * (rpt + 1), launch
 
+SCRIPT_Q4_0 = _compile_script("gluon_gemv_q4_0", "gluon_gemv_q4_0_kernel", "GROUPS", ((8, 1, 1), (8, 2, 1), (4, 4, 4)))
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not HAS_GLUON, reason="Triton with Gluon is not installed")
+def test_q4_0_compiled_for_sm90_reads_its_blocks_as_16_byte_vectors():
+    """The Q4_0 kernel's point, in the code ptxas receives: per step a thread loads its two blocks of each of its rows
+    (36 bytes, 2-byte aligned) as three 16-byte vectors and nothing narrower, picks its nine words out with 30 selects
+    per row and takes the first block's quant words out with four funnel shifts; it loads the activations (four
+    vectors) and their two scales (one 64-bit load) once for all its rows and runs 16 dp4a per row plus 16 for the
+    activation sums; nothing in the loop crosses threads; the PDL contract."""
+    for launch, ptx, rpt, loop in _compiled_loops(SCRIPT_Q4_0, 3):
+        vectors = [line for line in loop if re.match(r"ld\.global\.v4\.b32", line)]
+        assert len(vectors) == 3 * rpt + 4, (launch, len(vectors))
+        scalar = [line.split()[0] for line in loop if line.startswith("ld.global") and ".v" not in line.split()[0]]
+        assert scalar == ["ld.global.b64"], (launch, scalar)
+        assert sum(line.count("selp.b32") for line in loop) == 30 * rpt, launch
+        assert sum(line.count("shf.r.clamp.b32") for line in loop) == 4 * rpt, launch
+        assert sum(line.startswith("dp4a.s32.s32") for line in loop) == 16 * (rpt + 1), launch
+
+
 def _h100() -> bool:
     return torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0) and HAS_GLUON
 
@@ -218,3 +241,39 @@ def test_q6k_within_activation_rounding_of_gguf_py():
         split = gemv_launch.tokens_config("Q6_K", 1, rows, cols).split
         assert torch.equal(triton_ops.gguf_matmul(x, data, qtype, cols),
                            gluon_gemv_ops.gluon_gemv("Q6_K", words, scales, None, data, cols, x, launch, split))
+
+
+def _random_q4_0(rows: int, cols: int, rng) -> np.ndarray:
+    blocks = rng.integers(0, 256, (rows * cols // 32, 18), dtype=np.uint8)
+    blocks[:, 0:2] = rng.uniform(-0.02, 0.02, (blocks.shape[0], 1)).astype(np.float16).view(np.uint8)  # d
+    return blocks.reshape(rows, -1)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _h100(), reason="needs an H100/H200 (sm_90) and Triton with Gluon")
+def test_q4_0_within_activation_rounding_of_gguf_py():
+    """Q4_0 as Q4_K above: rows off the program size, 1-8 groups per step, 1-4 rows per thread, 1 and 4 warps, K split
+    and not, a row of one group; the dispatch sends one-token Q4_0 calls of the shapes ``GEMV_RULES`` names to it."""
+    from test_gguf_kernels import activation_rounding_bound
+    from toolkit.kernels.gguf import dp4a_ops, gemv_launch, triton_ops
+    qtype = int(GGMLQuantizationType.Q4_0)
+    rng = np.random.default_rng(13)
+    for rows, cols in ((37, 256), (130, 2048), (1000, 4096), (8200, 2048), (64, 14336)):
+        packed = _random_q4_0(rows, cols, rng)
+        weight = torch.from_numpy(dequantize(packed, GGMLQuantizationType.Q4_0).astype(np.float64)).cuda()
+        data = torch.from_numpy(packed).cuda()
+        x = torch.randn(1, cols, device="cuda").to(torch.bfloat16)
+        exact = x.double() @ weight.T
+        bound = 3 * 2 ** -8 * (x.double().abs() @ weight.abs().T) + activation_rounding_bound(x, weight)
+        words, scales = dp4a_ops.quantize_activations(x)
+        for launch in ((8, 1, 1, 0), (8, 2, 1, 1), (4, 4, 1, 0), (2, 1, 4, 2), (8, 4, 1, 0), (1, 2, 1, 0),
+                       (1, 1, 1, 7)):
+            got = gluon_gemv_ops.gluon_gemv("Q4_0", words, scales, None, data, cols, x, launch, None)
+            assert got.shape == (1, rows) and got.dtype == torch.bfloat16
+            assert ((got.double() - exact).abs() <= bound).all(), (rows, cols, launch)
+        launch = gluon_gemv_ops.gemv_launch("Q4_0", data, cols, words, scales)
+        if launch is None:
+            continue
+        split = gemv_launch.tokens_config("Q4_0", 1, rows, cols).split
+        assert torch.equal(triton_ops.gguf_matmul(x, data, qtype, cols),
+                           gluon_gemv_ops.gluon_gemv("Q4_0", words, scales, None, data, cols, x, launch, split))

@@ -1,9 +1,9 @@
-"""Host side of the one-token Gluon GEMV (``gluon_gemv``: Q4_K, ``gluon_gemv_q6k``: Q6_K): which calls it takes from
-the Triton GEMV (``triton_gemv_tokens``, through ``dp4a_ops``) and its launch.
+"""Host side of the one-token Gluon GEMV (``gluon_gemv``: Q4_K, ``gluon_gemv_q6k``: Q6_K, ``gluon_gemv_q4_0``: Q4_0):
+which calls it takes from the Triton GEMV (``triton_gemv_tokens``, through ``dp4a_ops``) and its launch.
 
-Both kernels give each thread whole pieces of super-blocks (Q4_K: a 64-column group of one; Q6_K: a 64-column piece
-of each of a group of eight) and walk ``step`` of those units per loop iteration; a program holds
-``rows per thread x 32 / (4 step) x warps`` rows.
+The kernels give each thread whole 64-column pieces (Q4_K: a group of one super-block; Q6_K: a piece of each of a
+group of eight; Q4_0: two blocks of a group of eight), four threads to a unit, and walk ``step`` units per loop
+iteration; a program holds ``rows per thread x 32 / (4 step) x warps`` rows.
 """
 from __future__ import annotations
 
@@ -16,11 +16,11 @@ from ..triton_pdl import launch_options
 from ..triton_reduce import finish_splits, split_output
 from .gluon_ops import _runs_on
 
-# Columns one unit of ``step`` covers: a Q4_K super-block; eight Q6_K super-blocks (the kernel's 16-byte-aligned group).
-UNIT_COLUMNS = {"Q4_K": 256, "Q6_K": 2048}
-
-# The launch by weight shape: (units per step, rows per thread, K split (0: the caller's), least rows, least columns,
-# most columns), the first that holds; other shapes keep ``triton_gemv_tokens``.
+# Columns one unit of ``step`` covers: a Q4_K super-block; eight Q6_K super-blocks, eight Q4_0 blocks (the kernels'
+# 16-byte-aligned groups).
+UNIT_COLUMNS = {"Q4_K": 256, "Q6_K": 2048, "Q4_0": 256}
+# The launch by weight shape: (units per step, rows per thread, warps, K split (0: the caller's), least rows, least
+# columns, most columns), the first that holds; other shapes keep ``triton_gemv_tokens``.
 # Q4_K, session 20's H100 sweep (``.dev``: CUDA graphs over weight copies beyond L2, activations' blocks attached as the
 # norms hand them), us, this kernel / the Triton GEMV with its rules: 28672x4096 27.3 / 31.1 (81% / 71% of a device
 # copy), 5120x4096 7.1 / 7.4, 4096x4096 6.4 / 6.6, 16384x2048 10.8 / 11.3, 2560x2048 3.1 / 3.4, 2048x2048 2.8 / 3.1,
@@ -34,12 +34,20 @@ UNIT_COLUMNS = {"Q4_K": 256, "Q6_K": 2048}
 # thread and step, one row per thread, K cut in as many as divide the groups up to 7 (all of a 14,336-column row's);
 # the Triton GEMV keeps 4096x4096 (11.4 against 10.1-10.7) and 1024x4096 (7.9 at best against 4.4). Two rows per
 # thread, two groups per step, two and four warps were slower or even.
+# Q4_0 (256-column multiples), session 23's H100 sweeps (same method, two calls), us, this kernel at its rule / the
+# Triton GEMV: 4096x14336 14.4-14.9 / 16.2-16.7 (74-76% / 66-68% of a device copy), 14336x4096 14.8-14.9 / 15.2-15.7,
+# 28672x4096 25.8 / 27.0-28.3, 16384x2048 8.9-9.5 / 10.9-11.7, 3072x2048 2.9-3.0 / 3.7-3.9, 2048x2048 2.5-2.6 /
+# 2.7-2.8, 4096x4096 5.8 / 6.3; 2048x8192 even (5.9-6.0 / 5.8-6.1). Up to 4,096 columns: eight groups per step, two
+# rows per thread and four warps (one-warp programs are 32 to an SM at most: 16384x2048 11.3-11.9 at one warp); from
+# 8,192 columns one row per thread, one warp, K split as ``split_k`` picks. Engine A/B, 1.5B Q4_0 at batch 1 (fresh
+# processes, two rounds): 1,302.5 / 1,309.2 against 1,194.7 / 1,193.0 tok/s with the Triton GEMV.
 # ``TOOLKIT_GGUF_GLUON_GEMV=0`` keeps the Triton GEMV, ``=Q4_K`` (type names, comma-separated) keeps it for the other
 # types; ``TOOLKIT_GGUF_GLUON_GEMV_LAUNCH=step,rows per thread,warps,split`` (split 0: the rule's) sets the launch
 # (benchmarks).
 GEMV_RULES = {
-    "Q4_K": ((8, 4, 0, 16384, 0, 4096), (8, 2, 0, 0, 0, 4096), (4, 4, 0, 4096, 8192, 1 << 40)),
-    "Q6_K": ((1, 1, 7, 4096, 8192, 1 << 40), (1, 1, 7, 8192, 2048, 1 << 40)),
+    "Q4_K": ((8, 4, 1, 0, 16384, 0, 4096), (8, 2, 1, 0, 0, 0, 4096), (4, 4, 1, 0, 4096, 8192, 1 << 40)),
+    "Q6_K": ((1, 1, 1, 7, 4096, 8192, 1 << 40), (1, 1, 1, 7, 8192, 2048, 1 << 40)),
+    "Q4_0": ((8, 2, 4, 0, 0, 0, 4096), (8, 1, 1, 0, 0, 8192, 1 << 40)),
 }
 
 
@@ -56,7 +64,7 @@ def gemv_launch(name: str, data: torch.Tensor, cols: int,
     if forced:
         return tuple(int(v) for v in (forced.split(",") + ["0"])[:4])
     rows = data.shape[0]
-    return next(((step, rpt, 1, split) for step, rpt, split, min_rows, min_cols, max_cols in GEMV_RULES[name]
+    return next(((step, rpt, warps, split) for step, rpt, warps, split, min_rows, min_cols, max_cols in GEMV_RULES[name]
                  if rows >= min_rows and min_cols <= cols <= max_cols), None)
 
 
@@ -92,8 +100,12 @@ def gluon_gemv(name: str, words: torch.Tensor, scales: torch.Tensor, sums: torch
         from .gluon_gemv import gluon_gemv_q4k_kernel  # noqa: PLC0415 - Gluon only on the GPUs that run it
         gluon_gemv_q4k_kernel[grid](words, scales, sums, data, out, rows, cols // split, data.stride(0), SB_STEP=step,
                                     **common)
-    else:
+    elif name == "Q6_K":
         from .gluon_gemv_q6k import gluon_gemv_q6k_kernel  # noqa: PLC0415
         gluon_gemv_q6k_kernel[grid](words, scales, data, out, rows, cols // split, data.stride(0), GROUPS=step,
                                     **common)
+    else:
+        from .gluon_gemv_q4_0 import gluon_gemv_q4_0_kernel  # noqa: PLC0415
+        gluon_gemv_q4_0_kernel[grid](words, scales, data, out, rows, cols // split, data.stride(0), GROUPS=step,
+                                     **common)
     return finish_splits(out, x.dtype, unreduced)

@@ -57,9 +57,15 @@ def _window(aligned, word, SKIP: gl.constexpr):
     if SKIP == 0:
         return first
     else:
-        second = gl.load(aligned.to(gl.pointer_type(gl.uint32))[:, :, None] + 4 + word)
-        return gl.inline_asm_elementwise(funnel_ptx(SKIP), "=r,=r,=r,=r,r,r,r,r,r,r,r,r", [first, second],
-                                         dtype=gl.uint32, is_pure=True, pack=4)
+        return funnel(first, gl.load(aligned.to(gl.pointer_type(gl.uint32))[:, :, None] + 4 + word), SKIP)
+
+
+@gluon.jit
+def funnel(first, second, SKIP: gl.constexpr):
+    """The 4 words ``[..., 4]`` starting ``SKIP`` bytes (even, 2-14) into the 32 bytes of the 16-byte vectors
+    ``first`` and ``second`` (``[..., 4]`` words each, the last axis in one thread): funnel shifts by a constant."""
+    return gl.inline_asm_elementwise(funnel_ptx(SKIP), "=r,=r,=r,=r,r,r,r,r,r,r,r,r", [first, second],
+                                     dtype=gl.uint32, is_pure=True, pack=4)
 
 
 @gluon.jit

@@ -1,0 +1,109 @@
+"""One-token GGUF GEMV in Gluon for Q4_0: the layout of ``gluon_gemv`` (each thread sums whole blocks in registers,
+four threads per 256 columns) for 18-byte blocks, which sit only 2-byte aligned in a row.
+
+Why: Q4_0 is every weight but the head of a Q4_0 file; ``triton_gemv_tokens`` reads it as 16-bit pairs, and its
+layout sums each dot product across threads. Eight blocks are 144 bytes, nine 16-byte vectors, so in a row whose
+start is 16-byte aligned (``cols`` a multiple of 256) every group of eight starts on a 16-byte boundary. Thread ``t``
+(0-3) of a group owns its blocks ``2t`` and ``2t + 1``, bytes ``36t`` to ``36t + 36``: it loads the three vectors
+from byte ``32t`` (the four threads' loads cover the group's 144 bytes and 48 more, read again from L1) and takes its
+nine words from word ``t`` on (``window``: two selects per word). Block ``2t``'s scale is the low half of the first of
+them and its quants the next 16 bytes, 2 bytes off a word (a funnel shift); block ``2t + 1``'s scale is the high half
+of the fifth and its quants the last four words.
+
+Measured and not kept (H100): one thread per group of eight blocks (nine vectors a thread, every offset fixed in the
+code, no selects) was 1.5x slower than ``triton_gemv_tokens`` at 4096x14336 (24.5 against 16.6 us): each 16-byte
+load of the warp touched 32 lines 144 bytes apart, so L1 bounded it.
+
+In ggml's layout quant byte ``j`` of a block holds column ``j`` (low nibble) and ``16 + j`` (high). Values are
+``q - 8``: the kernel dots the unsigned nibbles and subtracts ``8 sum(x)`` of the block (``sum(x)`` a dp4a of the
+activation words by ones, once per thread for all its rows), so the nibbles need no sign fix.
+
+Math as ``triton_gemv_tokens``' Q4_0 branch: per block ``d xd dot(q - 8, x)``, float32 sums.
+"""
+from __future__ import annotations
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+
+from ..triton_pdl import GLUON_GEMV_EARLY_LAUNCH
+from .gluon_gemv import _floats, dp4a_sum, gemv_layout
+from .gluon_gemv_q6k import funnel
+from .gluon_pipeline import wait_for_previous
+from .triton_words import half_bits
+
+GROUP_BYTES = gl.constexpr(144)            # eight blocks of 18 bytes: nine 16-byte vectors
+LOW4 = gl.constexpr(0x0F0F0F0F)
+ONES = gl.constexpr(0x01010101)
+# Words t..t+3 of the 8 in $4-$11 (two vectors), t = $12 (0-3, the same in $13-$15): a shift by one word where t is
+# odd, then by two where t >= 2.
+WINDOW_PTX = gl.constexpr(
+    "{ .reg .pred o, w; .reg .b32 t, r0, r1, r2, r3, r4, r5; and.b32 t, $12, 1; setp.ne.b32 o, t, 0; "
+    "and.b32 t, $12, 2; setp.ne.b32 w, t, 0; selp.b32 r0, $5, $4, o; selp.b32 r1, $6, $5, o; "
+    "selp.b32 r2, $7, $6, o; selp.b32 r3, $8, $7, o; selp.b32 r4, $9, $8, o; selp.b32 r5, $10, $9, o; "
+    "selp.b32 $0, r2, r0, w; selp.b32 $1, r3, r1, w; selp.b32 $2, r4, r2, w; selp.b32 $3, r5, r3, w; }")
+
+
+@gluon.jit
+def window(first, second, t):
+    """The 4 words ``[R, UPR, 4]`` from word ``t`` (``[R, UPR, 4]``, 0-3, the thread's) of the 8 in ``first`` and
+    ``second`` (each ``[R, UPR, 4]``, the last axis in one thread)."""
+    return gl.inline_asm_elementwise(WINDOW_PTX, "=r,=r,=r,=r,r,r,r,r,r,r,r,r,r,r,r,r", [first, second, t],
+                                     dtype=gl.uint32, is_pure=True, pack=4)
+
+
+@gluon.jit
+def _word(v, word, W: gl.constexpr):
+    """Word ``W`` of each thread's vector ``v [R, UPR, 4]`` (``word`` its word indices ``[1, 1, 4]``): ``[R, UPR]``.
+    The four words sit in one thread, so the select and sum fold to a register move."""
+    return gl.sum(gl.where(word == W, v, 0), axis=2)
+
+
+@gluon.jit
+def _block(qs, scale, x_lo, x_hi, xd):
+    """``d xd dot(q - 8, x)`` of one block, ``[R, UPR]``: ``qs [R, UPR, 4]`` its quant words, ``scale [R, UPR]`` its
+    fp16 ``d`` in the low 16 bits, ``x_lo``/``x_hi [UPR, 4]`` the activation words of its columns 0-15 / 16-31,
+    ``xd [UPR]`` their scale."""
+    ones = gl.full(x_lo.shape, ONES, gl.int32, x_lo.type.layout)
+    total = dp4a_sum(ones[None, :, :], x_lo[None, :, :]) + dp4a_sum(ones[None, :, :], x_hi[None, :, :])
+    dot = (dp4a_sum((qs & LOW4).to(gl.int32, bitcast=True), x_lo[None, :, :])
+           + dp4a_sum(((qs >> 4) & LOW4).to(gl.int32, bitcast=True), x_hi[None, :, :]) - 8 * total)
+    return half_bits(scale) * xd[None, :] * dot.to(gl.float32)
+
+
+@gluon.jit
+def gluon_gemv_q4_0_kernel(xq_ptr, xd_ptr, w_ptr, out_ptr, N, K_SPLIT, row_bytes, GROUPS: gl.constexpr,
+                           RPT: gl.constexpr, num_warps: gl.constexpr, PDL: gl.constexpr = False):
+    """``out[pid_k, 0, n] = sum over columns pid_k * K_SPLIT .. of W[n] . x_hat`` for one token; a program has
+    ``RPT * 32 / (4 GROUPS) * num_warps`` rows and walks ``GROUPS`` groups of eight blocks per step (``K_SPLIT`` a
+    multiple of ``256 GROUPS``). ``xq [K / 4]`` int32 words, ``xd [K / 32]`` float32; ``w`` and ``row_bytes``
+    16-byte aligned. ``PDL``: ``triton_pdl``; nothing loads before the wait."""
+    UPR: gl.constexpr = 4 * GROUPS
+    ROWS: gl.constexpr = RPT * (32 // UPR) * num_warps
+    layout: gl.constexpr = gemv_layout(UPR, RPT, 4, num_warps)  # [rows, pieces, 4 words]
+    lay2: gl.constexpr = gl.SliceLayout(2, layout)
+    x_lay: gl.constexpr = gl.SliceLayout(0, layout)               # [UPR, 4]: the activations, no row axis
+    pid_n, pid_k = gl.program_id(0), gl.program_id(1)
+    offs_n = pid_n * ROWS + gl.arange(0, ROWS, layout=gl.SliceLayout(1, lay2))
+    rows = (w_ptr + gl.minimum(offs_n, N - 1).to(gl.int64) * row_bytes)[:, None]          # [R, 1]
+    u = gl.arange(0, UPR, layout=gl.SliceLayout(0, lay2))                                   # [UPR]
+    word = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, layout)))[None, None, :]
+    piece = (GROUP_BYTES * (u // 4) + 32 * (u % 4))[None, :]                              # [1, UPR] bytes
+    t = gl.zeros([ROWS, UPR, 4], gl.uint32, layout) + ((u % 4).to(gl.uint32))[None, :, None]
+    ux = gl.arange(0, UPR, layout=gl.SliceLayout(1, x_lay))
+    x_words = (64 * (ux // 4) + 16 * (ux % 4))[:, None] + gl.arange(0, 4, layout=gl.SliceLayout(0, x_lay))[None, :]
+    x_blocks = 8 * (u // 4) + 2 * (u % 4)                                                  # [UPR]
+    group0 = pid_k * (K_SPLIT // 256)
+    acc = gl.zeros([ROWS, UPR], gl.float32, lay2)
+    wait_for_previous(PDL, GLUON_GEMV_EARLY_LAUNCH)
+    for step in range(0, K_SPLIT // (256 * GROUPS)):
+        group = group0 + step * GROUPS
+        vec = (rows + GROUP_BYTES * group + piece).to(gl.pointer_type(gl.uint32))[:, :, None] + word
+        v0, v1, v2 = gl.load(vec), gl.load(vec + 4), gl.load(vec + 8)
+        first, second = window(v0, v1, t), window(v1, v2, t)          # words t..t+3, t+4..t+7
+        last = window(v2, v2, t)                                      # word t+8 first
+        x = xq_ptr + 64 * group + x_words
+        xd_a, xd_b = _floats(xd_ptr + 8 * group + x_blocks)
+        acc += _block(funnel(first, second, 2), _word(first, word, 0), gl.load(x), gl.load(x + 4), xd_a)
+        acc += _block(funnel(second, last, 4), _word(second, word, 0) >> 16, gl.load(x + 8), gl.load(x + 12), xd_b)
+    total = gl.sum(acc, axis=1)
+    gl.store(out_ptr + pid_k * N + offs_n, total.to(out_ptr.dtype.element_ty), mask=offs_n < N)
