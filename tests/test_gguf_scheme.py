@@ -181,3 +181,35 @@ def test_float_tensors_are_cast_to_the_compute_dtype_once_at_load(compute):
     expected = torch.cat([x.double() @ f16_values.to(compute).double().T, x.double() @ q8_values.to(compute).double().T], -1)
     tol = 1e-5 if compute == torch.float32 else 3e-2
     torch.testing.assert_close(layer(x).double(), expected, rtol=tol, atol=tol)
+
+
+def test_later_segments_launch_as_siblings(monkeypatch):
+    """A weight of two quant types is two matmuls of one input: the second is launched inside ``siblings()``
+    (``kernels/sibling_launches``: on a GPU it may start before the first ends), the first is not; the result is the
+    same as without the marking (``TOOLKIT_PDL_SIBLINGS=0``)."""
+    from toolkit.kernels import runtime, sibling_launches  # noqa: PLC0415
+    gate, _ = packed(64, 256, Q.Q4_K, seed=1)
+    up, _ = packed(64, 256, Q.Q6_K, seed=2)
+    layer = MergedColumnParallelLinear(256, [64, 64], quant=SCHEME, parallel=rank(0, 1), prefix="gate_up")
+    layer.load_weight("weight", gate, 0)
+    layer.load_weight("weight", up, 1)
+    SCHEME.process_after_loading(layer)
+    x = torch.randn(1, 256)
+    marks, call = [], runtime.call
+
+    def recording(name, *args):
+        marks.append((name, sibling_launches.in_siblings()))
+        return call(name, *args)
+
+    monkeypatch.setattr(runtime, "call", recording)
+    marked = layer(x)
+    assert [m for m in marks if m[0] == "gguf_matmul"] == [("gguf_matmul", False), ("gguf_matmul", True)]
+    assert not sibling_launches.in_siblings()                     # only inside the block
+    marks.clear()
+    SCHEME.apply_unreduced(layer, x)
+    assert [m for m in marks if m[0] == "gguf_matmul_unreduced"] == [("gguf_matmul_unreduced", False),
+                                                                    ("gguf_matmul_unreduced", True)]
+    monkeypatch.setenv("TOOLKIT_PDL_SIBLINGS", "0")
+    marks.clear()
+    assert torch.equal(layer(x), marked)
+    assert all(not sibling for _, sibling in marks)

@@ -55,6 +55,9 @@ SCRIPT = textwrap.dedent("""
     cases = {
         "gemv_tokens_kernel": ptx(gemv_tokens_kernel, {"QTYPE": 12, "TS": 144, "BM": 1, "BN": 1, "BK": 2048,
                                                        "DP4A": True, "EVICT": "evict_first"}, 1),
+        # a sibling launch (kernels/sibling_launches.py): it waits only before its stores
+        "gemv_tokens_kernel late": ptx(gemv_tokens_kernel, {"QTYPE": 12, "TS": 144, "BM": 1, "BN": 1, "BK": 2048,
+                                                            "DP4A": True, "EVICT": "", "LATE_WAIT": True}, 1),
         "quantize_activations_kernel": ptx(quantize_activations_kernel, {"BK": 512, "SUMS": True}, 4),
         # as a decode step launches them: reading a projection's split-K partial sums (kernels/split_sums.py)
         "rms_norm_kernel": ptx(rms_norm_kernel, {"HAS_RESIDUAL": True, "HAS_OFFSET": False, "BLOCK": 2048,
@@ -96,19 +99,23 @@ def _first(lines: list[str], *needles: str) -> int:
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="Triton is not installed")
 def test_decode_kernels_wait_before_they_write_and_the_gemv_loads_weights_first():
     cases = compile_in_fresh_process(SCRIPT)
-    assert len(cases) == 9
+    assert len(cases) == 10
     for name, ptx in cases.items():
         lines = ptx.splitlines()
         wait, launch = _first(lines, "griddepcontrol.wait"), _first(lines, "griddepcontrol.launch_dependents")
         store = _first(lines, "st.global", "atom.global")
         assert wait < len(lines), f"{name}: no griddepcontrol.wait"
         assert wait < store < len(lines), f"{name}: a global store or atomic before the wait"
-        if name in ("gemv_tokens_kernel", "mmq_kernel"):
+        if name in ("gemv_tokens_kernel", "gemv_tokens_kernel late", "mmq_kernel"):
             assert launch == len(lines), f"{name}: a matmul lets the next kernel launch early"
         else:
             assert wait < launch < len(lines), f"{name}: the next kernel may launch before this one waited"
     gemv = cases["gemv_tokens_kernel"].splitlines()
     assert _first(gemv, "ld.global") < _first(gemv, "griddepcontrol.wait"), "the GEMV's weights load after the wait"
+    # the sibling GEMV runs its whole K loop (every load) before its wait
+    late = cases["gemv_tokens_kernel late"].splitlines()
+    wait = _first(late, "griddepcontrol.wait")
+    assert max(i for i, line in enumerate(late) if "ld.global" in line) < wait, "a sibling GEMV loads after its wait"
     # the split decode attention loads its first K/V tile (earlier positions of the cache) before the wait
     attention = cases["split_decode_kernel"].splitlines()
     wait = _first(attention, "griddepcontrol.wait")

@@ -17,6 +17,7 @@ from .triton_gemv_tokens import gemv_tokens_kernel
 from .types import type_name, type_size
 from ..int8_blocks import Int8Blocks, attached
 from ..launch import split_k, tile_width as _tile_width
+from ..sibling_launches import in_siblings
 from ..triton_pdl import launch_options
 from ..triton_reduce import finish_splits, split_output
 
@@ -65,6 +66,8 @@ def dp4a_tokens_matmul(x: torch.Tensor, data: torch.Tensor, qtype: int, cols: in
     name = type_name(qtype)
     tokens, rows, step = x.shape[0], data.shape[0], DP4A_STEP[name]
     chosen, config = config is None, config or tokens_config(name, tokens, rows, cols)
+    # a sibling launch may wait late only on blocks that existed before the first sibling (not rounded here)
+    late = tokens == 1 and in_siblings() and attached(x, name in TOKENS_SUM_TYPES) is not None
     blocks = activation_blocks(x, sums=name in TOKENS_SUM_TYPES)
     words, scales, sums = blocks.words, blocks.scales, blocks.sums if name in TOKENS_SUM_TYPES else None
     launch = gluon_gemv_ops.gemv_launch(name, data, cols, words, scales, *([] if sums is None else [sums])) \
@@ -81,7 +84,7 @@ def dp4a_tokens_matmul(x: torch.Tensor, data: torch.Tensor, qtype: int, cols: in
         words, scales, scales if sums is None else sums, data, out, tokens, rows, cols, cols // split,
         data.stride(0), QTYPE=int(qtype), TS=type_size(qtype), BM=triton.next_power_of_2(tokens), BN=config.bn,
         BK=bk, DP4A=_HARDWARE_DP4A, EVICT=eviction(WEIGHT_EVICTION, name), num_warps=config.num_warps,
-        num_stages=config.num_stages, **launch_options(x.device))
+        num_stages=config.num_stages, LATE_WAIT=late, **launch_options(x.device))
     return finish_splits(out, x.dtype, unreduced)
 
 

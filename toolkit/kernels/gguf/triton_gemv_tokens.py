@@ -311,13 +311,16 @@ def _step(w, accs, xq_ptr, xd_ptr, xs_ptr, T, K, k0, QTYPE: tl.constexpr, BM: tl
 @triton.jit
 def gemv_tokens_kernel(xq_ptr, xd_ptr, xs_ptr, w_ptr, out_ptr, T, N, K, K_SPLIT, row_bytes,
                        QTYPE: tl.constexpr, TS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-                       BK: tl.constexpr, DP4A: tl.constexpr, EVICT: tl.constexpr = "", PDL: tl.constexpr = False):
+                       BK: tl.constexpr, DP4A: tl.constexpr, EVICT: tl.constexpr = "", PDL: tl.constexpr = False,
+                       LATE_WAIT: tl.constexpr = False):
     """``out[pid_k, t, n] = sum over columns pid_k * K_SPLIT .. of W[n] . x_hat[t]`` for every token
     ``t < T <= BM <= 8``, ``BN`` rows per program. ``xq [T, K / 4]`` int32 words, ``xd [T, K / 32]``
     float32 scales, ``xs [T, K / 32]`` their ``d * sum(q)`` (read for Q4_K/Q5_K only). ``EVICT``: the weight
     loads' L1 eviction policy (``gemv_launch.WEIGHT_EVICTION``; "" the default). ``PDL``: the
     first step's weights are loaded before waiting for the kernel that wrote the activations
-    (``triton_pdl``); their load overlaps its end.
+    (``triton_pdl``); their load overlaps its end. ``LATE_WAIT`` (a sibling launch, ``sibling_launches``: its inputs
+    were complete before the kernel before it started): the wait comes only before the stores, so the whole K loop
+    may run beside that kernel.
 
     The first step runs outside the loop for that, so the step's code is there twice: compiling takes
     about twice as long at 1-4 tokens and up to ~10x at 8 (Q6_K: 2.3 -> 24 s on the 2-core dev box,
@@ -328,7 +331,8 @@ def gemv_tokens_kernel(xq_ptr, xd_ptr, xs_ptr, w_ptr, out_ptr, T, N, K, K_SPLIT,
     zeros = _zeros(BN, QTYPE, BK)
     k_start = pid_k * K_SPLIT
     raw = _raw(w_ptr, row_off, k_start, QTYPE, TS, BK, EVICT)      # weights: no kernel of the step writes them
-    wait_for_previous(PDL, LAUNCH_NEXT=TRITON_GEMV_EARLY_LAUNCH)
+    if LATE_WAIT == False:  # noqa: E712 - a constexpr (Triton 3.6 rejects `not` on it here)
+        wait_for_previous(PDL, LAUNCH_NEXT=TRITON_GEMV_EARLY_LAUNCH)
     accs = (zeros, zeros, zeros, zeros, zeros, zeros, zeros, zeros)
     accs = _step(_weights(raw, QTYPE), accs, xq_ptr, xd_ptr, xs_ptr, T, K, k_start, QTYPE, BM, BK, DP4A)
     for k_step in range(BK, K_SPLIT, BK):
@@ -336,6 +340,8 @@ def gemv_tokens_kernel(xq_ptr, xd_ptr, xs_ptr, w_ptr, out_ptr, T, N, K, K_SPLIT,
         accs = _step(_weights(_raw(w_ptr, row_off, k0, QTYPE, TS, BK, EVICT), QTYPE), accs, xq_ptr, xd_ptr, xs_ptr,
                      T, K, k0, QTYPE, BM, BK, DP4A)
     acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7 = accs
+    if LATE_WAIT:
+        wait_for_previous(PDL, LAUNCH_NEXT=TRITON_GEMV_EARLY_LAUNCH)
     _store(out_ptr, acc0, 0, T, N, pid_k, offs_n, QTYPE)
     if BM > 1:
         _store(out_ptr, acc1, 1, T, N, pid_k, offs_n, QTYPE)

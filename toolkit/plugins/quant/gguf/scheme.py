@@ -13,6 +13,7 @@ from torch import nn
 from toolkit.core.errors import ToolkitError
 from toolkit.kernels import runtime
 from toolkit.kernels.int8_blocks import Int8Input, merge
+from toolkit.kernels.sibling_launches import siblings
 from toolkit.kernels.split_sums import Columns, SplitSums
 
 from .params import GGUFParameter, Segment
@@ -46,8 +47,10 @@ class GGUFScheme:
         if len(segments) == 1 and segments[0][0].row_start == 0 and segments[0][0].rows == rows:
             out = runtime.call("gguf_matmul", flat, segments[0][1], segments[0][0].qtype, cols)
         else:
-            out = _columns([(segment, runtime.call("gguf_matmul", flat, data, segment.qtype, cols))
-                            for segment, data in segments], rows, flat)
+            outs = [runtime.call("gguf_matmul", flat, segments[0][1], segments[0][0].qtype, cols)]
+            with siblings():            # the other segments read flat too: their launches may start early
+                outs += [runtime.call("gguf_matmul", flat, data, segment.qtype, cols) for segment, data in segments[1:]]
+            out = _columns([(segment, part) for (segment, _), part in zip(segments, outs)], rows, flat)
         if out.dtype != dtype:
             out = out.to(dtype)
         if bias is not None:
@@ -64,9 +67,11 @@ class GGUFScheme:
         if (x.dim() != 2 or x.shape[1] != cols or x.dtype != self.params_dtype
                 or not _tile_rows([segment for segment, _ in segments], rows)):
             return self.apply(layer, x)   # (rows no segment covers are zeros there)
-        pieces = tuple(runtime.call("gguf_matmul_unreduced", x, data, segment.qtype, cols)
-                       for segment, data in segments)
-        return pieces[0] if len(pieces) == 1 else Columns(pieces)
+        pieces = [runtime.call("gguf_matmul_unreduced", x, segments[0][1], segments[0][0].qtype, cols)]
+        with siblings():                # the other segments read x too (sibling_launches)
+            pieces += [runtime.call("gguf_matmul_unreduced", x, data, segment.qtype, cols)
+                       for segment, data in segments[1:]]
+        return pieces[0] if len(pieces) == 1 else Columns(tuple(pieces))
 
     def int8_input(self, layer: nn.Module, tokens: int) -> Int8Input | None:
         """The int8 blocks ``apply``'s matmuls read for ``tokens`` rows (every segment's need merged), or None."""
