@@ -29,9 +29,9 @@ def _packed(name: str, rows: int, cols: int) -> torch.Tensor:
     ("Q4_K", 28672, 4096, (8, 4, 1, 0)), ("Q4_K", 16384, 2048, (8, 4, 1, 0)), ("Q4_K", 4096, 4096, (8, 2, 1, 0)),
     ("Q4_K", 2048, 2048, (8, 2, 1, 0)), ("Q4_K", 4096, 14336, (4, 4, 1, 0)), ("Q4_K", 2048, 8192, None),
     ("Q6_K", 4096, 14336, (1, 1, 1, 7)), ("Q6_K", 128256, 4096, (1, 1, 1, 7)), ("Q6_K", 4096, 4096, None),
-    ("Q6_K", 1024, 4096, None), ("Q6_K", 151936, 1536, None), ("Q6_K", 1536, 8960, None), ("Q4_0", 4096, 4096, (8, 2, 4, 0)),
-    ("Q4_0", 16384, 2048, (8, 2, 4, 0)), ("Q4_0", 4096, 14336, (8, 1, 1, 0)), ("Q4_0", 2048, 8192, (8, 1, 1, 0)),
-    ("Q4_0", 4096, 6144, None), ("Q4_0", 4096, 2080, None),
+    ("Q6_K", 1024, 4096, None), ("Q6_K", 151936, 1536, None), ("Q6_K", 1536, 8960, None),
+    ("Q4_0", 4096, 4096, (8, 2, 4, 0)), ("Q4_0", 16384, 2048, (8, 2, 4, 0)), ("Q4_0", 4096, 14336, (8, 1, 1, 0)),
+    ("Q4_0", 2048, 8192, (8, 1, 1, 0)), ("Q4_0", 4096, 6144, None), ("Q4_0", 4096, 2080, None),
     ("Q8_0", 4096, 4096, None), ("Q5_K", 4096, 4096, None)])
 def test_launch_by_type_and_shape(monkeypatch, name, rows, cols, launch):
     """Q4_K, Q6_K and Q4_0 at the shapes the H100 sweeps measured them faster (``GEMV_RULES``); Q6_K only of
@@ -171,109 +171,74 @@ def _h100() -> bool:
     return torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0) and HAS_GLUON
 
 
-def _random_q4k(rows: int, cols: int, rng) -> np.ndarray:
-    blocks = rng.integers(0, 256, (rows * cols // 256, 144), dtype=np.uint8)
-    blocks[:, 0:4] = rng.uniform(-0.02, 0.02, (blocks.shape[0], 2)).astype(np.float16).view(np.uint8)  # d, dmin
+def _random_blocks(name: str, rows: int, cols: int, rng, fp16: slice, scale: float) -> np.ndarray:
+    """Random packed rows of type ``name`` whose fp16 fields (bytes ``fp16`` of each block) hold values in
+    ``+-scale``, the rest random bytes."""
+    size, nbytes = GGML_QUANT_SIZES[GGMLQuantizationType[name]]
+    blocks = rng.integers(0, 256, (rows * cols // size, nbytes), dtype=np.uint8)
+    fields = (fp16.stop - fp16.start) // 2
+    blocks[:, fp16] = rng.uniform(-scale, scale, (blocks.shape[0], fields)).astype(np.float16).view(np.uint8)
     return blocks.reshape(rows, -1)
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(not _h100(), reason="needs an H100/H200 (sm_90) and Triton with Gluon")
-def test_within_activation_rounding_of_gguf_py(monkeypatch):
-    """Against float64 on gguf-py's dequantization, within what rounding x to int8 blocks of 32 can move the
-    result (the bound of the Triton GEMV's test): rows off the program size, K split and not, 1-4 super-blocks per
-    step, 1 and 4 warps; and the dispatch sends one-token Q4_K calls to it (``gguf_matmul`` gives the same bits)."""
+def _check_against_gguf_py(name: str, fp16: slice, scale: float, shapes, launches, seed: int, taken=None):
+    """Each launch of the Gluon GEMV on random ``name`` weights of ``shapes`` against float64 on gguf-py's
+    dequantization, within what rounding x to int8 blocks of 32 can move the result (the bound of the Triton GEMV's
+    test); then the dispatch: where ``gemv_launch`` takes the weight (with ``taken``, exactly where ``taken(rows)``
+    says), ``gguf_matmul`` gives the Gluon GEMV's bits."""
     from test_gguf_kernels import activation_rounding_bound
     from toolkit.kernels.gguf import dp4a_ops, gemv_launch, triton_ops
-    qtype = int(GGMLQuantizationType.Q4_K)
-    rng = np.random.default_rng(7)
-    for rows, cols in ((37, 1024), (130, 2048), (1000, 4096), (8200, 4096), (64, 14336)):
-        packed = _random_q4k(rows, cols, rng)
-        weight = torch.from_numpy(dequantize(packed, GGMLQuantizationType.Q4_K).astype(np.float64)).cuda()
+    qtype, rng = GGMLQuantizationType[name], np.random.default_rng(seed)
+    for rows, cols in shapes:
+        packed = _random_blocks(name, rows, cols, rng, fp16, scale)
+        weight = torch.from_numpy(dequantize(packed, qtype).astype(np.float64)).cuda()
         data = torch.from_numpy(packed).cuda()
         x = torch.randn(1, cols, device="cuda").to(torch.bfloat16)
         exact = x.double() @ weight.T
         bound = 3 * 2 ** -8 * (x.double().abs() @ weight.abs().T) + activation_rounding_bound(x, weight)
-        words, scales, sums = dp4a_ops.quantize_activations(x, sums=True)
-        for launch in ((4, 1, 1, 0), (2, 1, 1, 1), (1, 1, 1, 2), (4, 2, 4, 0), (2, 2, 1, 4), (8, 2, 1, 0), (4, 4, 1, 2),
-                       (8, 4, 1, 0)):
-            got = gluon_gemv_ops.gluon_gemv("Q4_K", words, scales, sums, data, cols, x, launch, None)
+        words, scales, *sums = dp4a_ops.quantize_activations(x, sums=name == "Q4_K")
+        sums = sums[0] if sums else None
+        for launch in launches:
+            got = gluon_gemv_ops.gluon_gemv(name, words, scales, sums, data, cols, x, launch, None)
             assert got.shape == (1, rows) and got.dtype == torch.bfloat16
             assert ((got.double() - exact).abs() <= bound).all(), (rows, cols, launch)
-        launch = gluon_gemv_ops.gemv_launch("Q4_K", data, cols, words, scales, sums)
-        if launch is not None:
-            split = gemv_launch.tokens_config("Q4_K", 1, rows, cols).split
-            assert torch.equal(triton_ops.gguf_matmul(x, data, qtype, cols),
-                               gluon_gemv_ops.gluon_gemv("Q4_K", words, scales, sums, data, cols, x, launch, split))
+        launch = gluon_gemv_ops.gemv_launch(name, data, cols, words, scales, *([] if sums is None else [sums]))
+        if taken is not None:
+            assert (launch is not None) == taken(rows), (rows, cols)
+        if launch is None:
+            continue
+        split = gemv_launch.tokens_config(name, 1, rows, cols).split
+        assert torch.equal(triton_ops.gguf_matmul(x, data, int(qtype), cols),
+                           gluon_gemv_ops.gluon_gemv(name, words, scales, sums, data, cols, x, launch, split))
 
 
-def _random_q6k(rows: int, cols: int, rng) -> np.ndarray:
-    blocks = rng.integers(0, 256, (rows * cols // 256, 210), dtype=np.uint8)
-    blocks[:, 208:210] = rng.uniform(-0.002, 0.002, (blocks.shape[0], 1)).astype(np.float16).view(np.uint8)  # d
-    return blocks.reshape(rows, -1)
+@pytest.mark.gpu
+@pytest.mark.skipif(not _h100(), reason="needs an H100/H200 (sm_90) and Triton with Gluon")
+def test_within_activation_rounding_of_gguf_py():
+    """Q4_K (``_check_against_gguf_py``): rows off the program size, K split and not, 1-8 super-blocks per step, 1-4
+    rows per thread, 1 and 4 warps; the dispatch sends one-token Q4_K calls to it."""
+    _check_against_gguf_py("Q4_K", slice(0, 4), 0.02,
+                           ((37, 1024), (130, 2048), (1000, 4096), (8200, 4096), (64, 14336)),
+                           ((4, 1, 1, 0), (2, 1, 1, 1), (1, 1, 1, 2), (4, 2, 4, 0), (2, 2, 1, 4), (8, 2, 1, 0),
+                            (4, 4, 1, 2), (8, 4, 1, 0)), seed=7)
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not _h100(), reason="needs an H100/H200 (sm_90) and Triton with Gluon")
 def test_q6k_within_activation_rounding_of_gguf_py():
-    """Q6_K as Q4_K above: rows off the program size, one and two groups per step, 1-2 rows per thread, 1 and 4 warps,
-    K split and not; the dispatch sends one-token Q6_K calls of 2,048-column multiples to it."""
-    from test_gguf_kernels import activation_rounding_bound
-    from toolkit.kernels.gguf import dp4a_ops, gemv_launch, triton_ops
-    qtype = int(GGMLQuantizationType.Q6_K)
-    rng = np.random.default_rng(11)
-    for rows, cols in ((37, 2048), (130, 4096), (1000, 14336), (8200, 4096)):
-        packed = _random_q6k(rows, cols, rng)
-        weight = torch.from_numpy(dequantize(packed, GGMLQuantizationType.Q6_K).astype(np.float64)).cuda()
-        data = torch.from_numpy(packed).cuda()
-        x = torch.randn(1, cols, device="cuda").to(torch.bfloat16)
-        exact = x.double() @ weight.T
-        bound = 3 * 2 ** -8 * (x.double().abs() @ weight.abs().T) + activation_rounding_bound(x, weight)
-        words, scales = dp4a_ops.quantize_activations(x)
-        for launch in ((1, 1, 1, 0), (1, 2, 1, 1), (2, 2, 1, 0), (1, 2, 4, 0), (1, 1, 1, 7), (2, 1, 4, 2)):
-            got = gluon_gemv_ops.gluon_gemv("Q6_K", words, scales, None, data, cols, x, launch, None)
-            assert got.shape == (1, rows) and got.dtype == torch.bfloat16
-            assert ((got.double() - exact).abs() <= bound).all(), (rows, cols, launch)
-        launch = gluon_gemv_ops.gemv_launch("Q6_K", data, cols, words, scales)
-        assert (launch is not None) == (rows >= 8192)
-        if launch is None:
-            continue
-        split = gemv_launch.tokens_config("Q6_K", 1, rows, cols).split
-        assert torch.equal(triton_ops.gguf_matmul(x, data, qtype, cols),
-                           gluon_gemv_ops.gluon_gemv("Q6_K", words, scales, None, data, cols, x, launch, split))
-
-
-def _random_q4_0(rows: int, cols: int, rng) -> np.ndarray:
-    blocks = rng.integers(0, 256, (rows * cols // 32, 18), dtype=np.uint8)
-    blocks[:, 0:2] = rng.uniform(-0.02, 0.02, (blocks.shape[0], 1)).astype(np.float16).view(np.uint8)  # d
-    return blocks.reshape(rows, -1)
+    """Q6_K as Q4_K: rows off the program size, one and two groups per step, 1-2 rows per thread, 1 and 4 warps, K split
+    and not; the dispatch sends one-token Q6_K calls of 2,048-column multiples to it, at 8,192 rows and more here."""
+    _check_against_gguf_py("Q6_K", slice(208, 210), 0.002, ((37, 2048), (130, 4096), (1000, 14336), (8200, 4096)),
+                           ((1, 1, 1, 0), (1, 2, 1, 1), (2, 2, 1, 0), (1, 2, 4, 0), (1, 1, 1, 7), (2, 1, 4, 2)),
+                           seed=11, taken=lambda rows: rows >= 8192)
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not _h100(), reason="needs an H100/H200 (sm_90) and Triton with Gluon")
 def test_q4_0_within_activation_rounding_of_gguf_py():
-    """Q4_0 as Q4_K above: rows off the program size, 1-8 groups per step, 1-4 rows per thread, 1 and 4 warps, K split
-    and not, a row of one group; the dispatch sends one-token Q4_0 calls of the shapes ``GEMV_RULES`` names to it."""
-    from test_gguf_kernels import activation_rounding_bound
-    from toolkit.kernels.gguf import dp4a_ops, gemv_launch, triton_ops
-    qtype = int(GGMLQuantizationType.Q4_0)
-    rng = np.random.default_rng(13)
-    for rows, cols in ((37, 256), (130, 2048), (1000, 4096), (8200, 2048), (64, 14336)):
-        packed = _random_q4_0(rows, cols, rng)
-        weight = torch.from_numpy(dequantize(packed, GGMLQuantizationType.Q4_0).astype(np.float64)).cuda()
-        data = torch.from_numpy(packed).cuda()
-        x = torch.randn(1, cols, device="cuda").to(torch.bfloat16)
-        exact = x.double() @ weight.T
-        bound = 3 * 2 ** -8 * (x.double().abs() @ weight.abs().T) + activation_rounding_bound(x, weight)
-        words, scales = dp4a_ops.quantize_activations(x)
-        for launch in ((8, 1, 1, 0), (8, 2, 1, 1), (4, 4, 1, 0), (2, 1, 4, 2), (8, 4, 1, 0), (1, 2, 1, 0),
-                       (1, 1, 1, 7)):
-            got = gluon_gemv_ops.gluon_gemv("Q4_0", words, scales, None, data, cols, x, launch, None)
-            assert got.shape == (1, rows) and got.dtype == torch.bfloat16
-            assert ((got.double() - exact).abs() <= bound).all(), (rows, cols, launch)
-        launch = gluon_gemv_ops.gemv_launch("Q4_0", data, cols, words, scales)
-        if launch is None:
-            continue
-        split = gemv_launch.tokens_config("Q4_0", 1, rows, cols).split
-        assert torch.equal(triton_ops.gguf_matmul(x, data, qtype, cols),
-                           gluon_gemv_ops.gluon_gemv("Q4_0", words, scales, None, data, cols, x, launch, split))
+    """Q4_0 as Q4_K: rows off the program size, 1-8 groups per step, 1-4 rows per thread, 1 and 4 warps, K split and
+    not, a row of one group; the dispatch sends one-token Q4_0 calls of the shapes ``GEMV_RULES`` names to it."""
+    _check_against_gguf_py("Q4_0", slice(0, 2), 0.02,
+                           ((37, 256), (130, 2048), (1000, 4096), (8200, 2048), (64, 14336)),
+                           ((8, 1, 1, 0), (8, 2, 1, 1), (4, 4, 1, 0), (2, 1, 4, 2), (8, 4, 1, 0), (1, 2, 1, 0),
+                            (1, 1, 1, 7)), seed=13)

@@ -66,9 +66,11 @@ def dp4a_tokens_matmul(x: torch.Tensor, data: torch.Tensor, qtype: int, cols: in
     name = type_name(qtype)
     tokens, rows, step = x.shape[0], data.shape[0], DP4A_STEP[name]
     chosen, config = config is None, config or tokens_config(name, tokens, rows, cols)
+    blocks = attached(x, name in TOKENS_SUM_TYPES)
     # a sibling launch may wait late only on blocks that existed before the first sibling (not rounded here)
-    late = tokens == 1 and in_siblings() and attached(x, name in TOKENS_SUM_TYPES) is not None
-    blocks = activation_blocks(x, sums=name in TOKENS_SUM_TYPES)
+    late = tokens == 1 and blocks is not None and in_siblings()
+    if blocks is None:
+        blocks = activation_blocks(x, sums=name in TOKENS_SUM_TYPES)
     words, scales, sums = blocks.words, blocks.scales, blocks.sums if name in TOKENS_SUM_TYPES else None
     launch = gluon_gemv_ops.gemv_launch(name, data, cols, words, scales, *([] if sums is None else [sums])) \
         if tokens == 1 and chosen else None

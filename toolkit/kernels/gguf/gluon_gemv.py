@@ -44,6 +44,21 @@ def dp4a_sum(w, x):
 
 
 @gluon.jit
+def program_rows(w_ptr, N, row_bytes, ROWS: gl.constexpr, lay2: gl.constexpr):
+    """The one-token GEMVs' rows: this program's row indices ``[ROWS]`` (in ``lay2``'s row slice) and pointers
+    ``[ROWS, 1]`` to their packed bytes (rows past N read the last row; ``store_rows`` masks them)."""
+    offs_n = gl.program_id(0) * ROWS + gl.arange(0, ROWS, layout=gl.SliceLayout(1, lay2))
+    return offs_n, (w_ptr + gl.minimum(offs_n, N - 1).to(gl.int64) * row_bytes)[:, None]
+
+
+@gluon.jit
+def store_rows(out_ptr, acc, offs_n, N):
+    """Each row's sum of the per-thread partials ``acc [ROWS, UPR]`` into ``out[pid_k, 0, offs_n]`` (rows < N)."""
+    total = gl.sum(acc, axis=1)
+    gl.store(out_ptr + gl.program_id(1) * N + offs_n, total.to(out_ptr.dtype.element_ty), mask=offs_n < N)
+
+
+@gluon.jit
 def _pair(ptr):
     """Two adjacent 32-bit words at 8-byte-aligned ``ptr`` (one 64-bit load): ``(first, second)`` as uint32."""
     both = gl.load(ptr.to(gl.pointer_type(gl.uint64)), eviction_policy="evict_first")
@@ -101,9 +116,7 @@ def gluon_gemv_q4k_kernel(xq_ptr, xd_ptr, xs_ptr, w_ptr, out_ptr, N, K_SPLIT, ro
     layout: gl.constexpr = gemv_layout(UPR, RPT, 8, num_warps)
     lay2: gl.constexpr = gl.SliceLayout(2, layout)
     x_lay: gl.constexpr = gl.SliceLayout(0, layout)               # [UPR, 8]: the activations, no row axis
-    pid_n, pid_k = gl.program_id(0), gl.program_id(1)
-    offs_n = pid_n * ROWS + gl.arange(0, ROWS, layout=gl.SliceLayout(1, lay2))
-    rows = (w_ptr + gl.minimum(offs_n, N - 1).to(gl.int64) * row_bytes)[:, None]          # [R, 1]
+    offs_n, rows = program_rows(w_ptr, N, row_bytes, ROWS, lay2)                            # [R], [R, 1]
     u = gl.arange(0, UPR, layout=gl.SliceLayout(0, lay2))                                   # [UPR]
     g = (u % 4)[None, :]
     head = ((u // 4) * Q4K_BYTES)[None, :]
@@ -112,7 +125,7 @@ def gluon_gemv_q4k_kernel(xq_ptr, xd_ptr, xs_ptr, w_ptr, out_ptr, N, K_SPLIT, ro
     ux = gl.arange(0, UPR, layout=gl.SliceLayout(1, x_lay))
     x_words = (64 * (ux // 4) + 16 * (ux % 4))[:, None] + gl.arange(0, 8, layout=gl.SliceLayout(0, x_lay))[None, :]
     blocks = 8 * (u // 4) + 2 * (u % 4)                                                     # [UPR]
-    sb0 = pid_k * (K_SPLIT // 256)
+    sb0 = gl.program_id(1) * (K_SPLIT // 256)
     acc = gl.zeros([ROWS, UPR], gl.float32, lay2)
     dd, sw0, sw1, sw2, w = _q4k_weights(rows, sb0, head, quants, word[None, None, :])
     wait_for_previous(PDL, GLUON_GEMV_EARLY_LAUNCH)
@@ -125,5 +138,4 @@ def gluon_gemv_q4k_kernel(xq_ptr, xd_ptr, xs_ptr, w_ptr, out_ptr, N, K_SPLIT, ro
     x = xq_ptr + 64 * sb0 + x_words
     acc += _q4k_sums(dd, sw0, sw1, sw2, w, g, gl.load(x), gl.load(x + 8), xd_ptr + 8 * sb0 + blocks,
                      xs_ptr + 8 * sb0 + blocks)
-    total = gl.sum(acc, axis=1)
-    gl.store(out_ptr + pid_k * N + offs_n, total.to(out_ptr.dtype.element_ty), mask=offs_n < N)
+    store_rows(out_ptr, acc, offs_n, N)

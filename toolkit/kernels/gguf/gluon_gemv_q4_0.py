@@ -26,7 +26,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
 from ..triton_pdl import GLUON_GEMV_EARLY_LAUNCH
-from .gluon_gemv import _floats, dp4a_sum, gemv_layout
+from .gluon_gemv import _floats, dp4a_sum, gemv_layout, program_rows, store_rows
 from .gluon_gemv_q6k import funnel
 from .gluon_pipeline import wait_for_previous
 from .triton_words import half_bits
@@ -82,9 +82,7 @@ def gluon_gemv_q4_0_kernel(xq_ptr, xd_ptr, w_ptr, out_ptr, N, K_SPLIT, row_bytes
     layout: gl.constexpr = gemv_layout(UPR, RPT, 4, num_warps)  # [rows, pieces, 4 words]
     lay2: gl.constexpr = gl.SliceLayout(2, layout)
     x_lay: gl.constexpr = gl.SliceLayout(0, layout)               # [UPR, 4]: the activations, no row axis
-    pid_n, pid_k = gl.program_id(0), gl.program_id(1)
-    offs_n = pid_n * ROWS + gl.arange(0, ROWS, layout=gl.SliceLayout(1, lay2))
-    rows = (w_ptr + gl.minimum(offs_n, N - 1).to(gl.int64) * row_bytes)[:, None]          # [R, 1]
+    offs_n, rows = program_rows(w_ptr, N, row_bytes, ROWS, lay2)                            # [R], [R, 1]
     u = gl.arange(0, UPR, layout=gl.SliceLayout(0, lay2))                                   # [UPR]
     word = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, layout)))[None, None, :]
     piece = (GROUP_BYTES * (u // 4) + 32 * (u % 4))[None, :]                              # [1, UPR] bytes
@@ -92,7 +90,7 @@ def gluon_gemv_q4_0_kernel(xq_ptr, xd_ptr, w_ptr, out_ptr, N, K_SPLIT, row_bytes
     ux = gl.arange(0, UPR, layout=gl.SliceLayout(1, x_lay))
     x_words = (64 * (ux // 4) + 16 * (ux % 4))[:, None] + gl.arange(0, 4, layout=gl.SliceLayout(0, x_lay))[None, :]
     x_blocks = 8 * (u // 4) + 2 * (u % 4)                                                  # [UPR]
-    group0 = pid_k * (K_SPLIT // 256)
+    group0 = gl.program_id(1) * (K_SPLIT // 256)
     acc = gl.zeros([ROWS, UPR], gl.float32, lay2)
     wait_for_previous(PDL, GLUON_GEMV_EARLY_LAUNCH)
     for step in range(0, K_SPLIT // (256 * GROUPS)):
@@ -105,5 +103,4 @@ def gluon_gemv_q4_0_kernel(xq_ptr, xd_ptr, w_ptr, out_ptr, N, K_SPLIT, row_bytes
         xd_a, xd_b = _floats(xd_ptr + 8 * group + x_blocks)
         acc += _block(funnel(first, second, 2), _word(first, word, 0), gl.load(x), gl.load(x + 4), xd_a)
         acc += _block(funnel(second, last, 4), _word(second, word, 0) >> 16, gl.load(x + 8), gl.load(x + 12), xd_b)
-    total = gl.sum(acc, axis=1)
-    gl.store(out_ptr + pid_k * N + offs_n, total.to(out_ptr.dtype.element_ty), mask=offs_n < N)
+    store_rows(out_ptr, acc, offs_n, N)

@@ -26,7 +26,7 @@ from triton.experimental.gluon import constexpr_function
 from triton.experimental.gluon import language as gl
 
 from ..triton_pdl import GLUON_GEMV_EARLY_LAUNCH
-from .gluon_gemv import _floats, dp4a_sum, gemv_layout
+from .gluon_gemv import _floats, dp4a_sum, gemv_layout, program_rows, store_rows
 from .gluon_pipeline import wait_for_previous
 from .triton_words import half_bits
 
@@ -124,9 +124,7 @@ def gluon_gemv_q6k_kernel(xq_ptr, xd_ptr, w_ptr, out_ptr, N, K_SPLIT, row_bytes,
     layout: gl.constexpr = gemv_layout(UPR, RPT, 4, num_warps)  # [rows, pieces, 4 words]
     lay2: gl.constexpr = gl.SliceLayout(2, layout)
     x_lay: gl.constexpr = gl.SliceLayout(0, layout)               # [UPR, 4]: the activations, no row axis
-    pid_n, pid_k = gl.program_id(0), gl.program_id(1)
-    offs_n = pid_n * ROWS + gl.arange(0, ROWS, layout=gl.SliceLayout(1, lay2))
-    rows = (w_ptr + gl.minimum(offs_n, N - 1).to(gl.int64) * row_bytes)[:, None]          # [R, 1]
+    offs_n, rows = program_rows(w_ptr, N, row_bytes, ROWS, lay2)                            # [R], [R, 1]
     u = gl.arange(0, UPR, layout=gl.SliceLayout(0, lay2))                                   # [UPR]
     half, sub = (u % 4) // 2, u % 2
     piece_a = (64 * half + 16 * sub)[None, :]
@@ -137,7 +135,7 @@ def gluon_gemv_q6k_kernel(xq_ptr, xd_ptr, w_ptr, out_ptr, N, K_SPLIT, row_bytes,
     x_words = (512 * (ux // 4) + 32 * ((ux % 4) // 2) + 4 * (ux % 2))[:, None] + \
         gl.arange(0, 4, layout=gl.SliceLayout(0, x_lay))[None, :]                            # [UPR, 4]
     x_blocks = 64 * (u // 4) + 4 * half                                                     # [UPR]
-    group0 = pid_k * (K_SPLIT // 2048)
+    group0 = gl.program_id(1) * (K_SPLIT // 2048)
     acc = gl.zeros([ROWS, UPR], gl.float32, lay2)
     wait_for_previous(PDL, GLUON_GEMV_EARLY_LAUNCH)
     for step in range(0, K_SPLIT // (2048 * GROUPS)):
@@ -148,5 +146,4 @@ def gluon_gemv_q6k_kernel(xq_ptr, xd_ptr, w_ptr, out_ptr, N, K_SPLIT, row_bytes,
         for k in gl.static_range(GROUP):
             ql_a, ql_b, qh = _q6k_fields(sb0, piece_a, piece_h, word, k)
             acc += _q6k_sum(ql_a, ql_b, qh, sb0, scales, x + 64 * k, xd + 8 * k, k)
-    total = gl.sum(acc, axis=1)
-    gl.store(out_ptr + pid_k * N + offs_n, total.to(out_ptr.dtype.element_ty), mask=offs_n < N)
+    store_rows(out_ptr, acc, offs_n, N)

@@ -47,9 +47,7 @@ class GGUFScheme:
         if len(segments) == 1 and segments[0][0].row_start == 0 and segments[0][0].rows == rows:
             out = runtime.call("gguf_matmul", flat, segments[0][1], segments[0][0].qtype, cols)
         else:
-            outs = [runtime.call("gguf_matmul", flat, segments[0][1], segments[0][0].qtype, cols)]
-            with siblings():            # the other segments read flat too: their launches may start early
-                outs += [runtime.call("gguf_matmul", flat, data, segment.qtype, cols) for segment, data in segments[1:]]
+            outs = _segment_matmuls("gguf_matmul", flat, segments, cols)
             out = _columns([(segment, part) for (segment, _), part in zip(segments, outs)], rows, flat)
         if out.dtype != dtype:
             out = out.to(dtype)
@@ -67,10 +65,7 @@ class GGUFScheme:
         if (x.dim() != 2 or x.shape[1] != cols or x.dtype != self.params_dtype
                 or not _tile_rows([segment for segment, _ in segments], rows)):
             return self.apply(layer, x)   # (rows no segment covers are zeros there)
-        pieces = [runtime.call("gguf_matmul_unreduced", x, segments[0][1], segments[0][0].qtype, cols)]
-        with siblings():                # the other segments read x too (sibling_launches)
-            pieces += [runtime.call("gguf_matmul_unreduced", x, data, segment.qtype, cols)
-                       for segment, data in segments[1:]]
+        pieces = _segment_matmuls("gguf_matmul_unreduced", x, segments, cols)
         return pieces[0] if len(pieces) == 1 else Columns(tuple(pieces))
 
     def int8_input(self, layer: nn.Module, tokens: int) -> Int8Input | None:
@@ -152,6 +147,16 @@ def _tile_rows(segments: list[Segment], rows: int) -> bool:
             return False
         covered += segment.rows
     return covered == rows
+
+
+def _segment_matmuls(op: str, x: torch.Tensor, segments: list, cols: int) -> list:
+    """Runtime op ``op`` of ``x`` with each ``(segment, data)``, in order. They all read ``x``, so the launches after
+    the first are its siblings (``kernels/sibling_launches``): on a GPU they may start before it ends."""
+    (first, data), rest = segments[0], segments[1:]
+    outs = [runtime.call(op, x, data, first.qtype, cols)]
+    with siblings():
+        outs += [runtime.call(op, x, data, segment.qtype, cols) for segment, data in rest]
+    return outs
 
 
 def _columns(parts: list[tuple[Segment, torch.Tensor]], rows: int, x: torch.Tensor) -> torch.Tensor:
