@@ -1,4 +1,5 @@
-"""The one-token Gluon GEMV (``kernels/gguf/gluon_gemv``: Q4_K, ``gluon_gemv_q6k``: Q6_K; host side
+"""The one-token Gluon GEMV (``kernels/gguf/gluon_gemv``: Q4_K and Q5_K, ``gluon_gemv_q6k``: Q6_K, ``gluon_gemv_q4_0``:
+Q4_0; host side
 ``gluon_gemv_ops``): which calls it takes, its compiled form for an H100 (no GPU needed), and its numbers against
 gguf-py's dequantization (on an H100/H200 only: no interpreter runs Gluon)."""
 from __future__ import annotations
@@ -32,10 +33,12 @@ def _packed(name: str, rows: int, cols: int) -> torch.Tensor:
     ("Q6_K", 1024, 4096, None), ("Q6_K", 151936, 1536, None), ("Q6_K", 1536, 8960, None),
     ("Q4_0", 4096, 4096, (8, 2, 4, 0)), ("Q4_0", 16384, 2048, (8, 2, 4, 0)), ("Q4_0", 4096, 14336, (8, 1, 1, 0)),
     ("Q4_0", 2048, 8192, (8, 1, 1, 0)), ("Q4_0", 4096, 6144, None), ("Q4_0", 4096, 2080, None),
-    ("Q8_0", 4096, 4096, None), ("Q5_K", 4096, 4096, None)])
+    ("Q8_0", 4096, 4096, None), ("Q5_K", 4096, 4096, (8, 2, 4, 0)),
+    ("Q5_K", 4096, 14336, (8, 2, 4, 0)), ("Q5_K", 2048, 8192, (8, 2, 4, 0))])
 def test_launch_by_type_and_shape(monkeypatch, name, rows, cols, launch):
-    """Q4_K, Q6_K and Q4_0 at the shapes the H100 sweeps measured them faster (``GEMV_RULES``); Q6_K only of
-    16-byte-aligned rows (2,048-column multiples), Q4_0 of whole groups of eight blocks (256-column multiples)."""
+    """Q4_K, Q5_K, Q6_K and Q4_0 at the shapes the H100 sweeps measured them faster (``GEMV_RULES``); Q6_K only of
+    16-byte-aligned rows (2,048-column multiples), Q4_0 and Q5_K of whole super-blocks / groups of eight blocks
+    (256-column multiples)."""
     monkeypatch.delenv("TOOLKIT_GGUF_GLUON_GEMV", raising=False)
     monkeypatch.delenv("TOOLKIT_GGUF_GLUON_GEMV_LAUNCH", raising=False)
     monkeypatch.setattr(gluon_gemv_ops, "_runs_on", lambda device: True)
@@ -58,9 +61,9 @@ def test_not_taken_off_the_gpu_turned_off_or_unaligned(monkeypatch):
     assert gluon_gemv_ops.gemv_launch("Q4_K", data, 4096, scales) is None
 
 
-def _compile_script(module: str, kernel: str, step: str, launches: tuple) -> str:
+def _compile_script(module: str, kernel: str, step: str, launches: tuple, extra: dict | None = None) -> str:
     """A script compiling ``module.kernel`` for sm_90 at each ``(step, rows per thread, warps)`` of ``launches``
-    (``step`` the kernel's constexpr for it), printing each launch's PTX as JSON."""
+    (``step`` the kernel's constexpr for it; ``extra``: more constexprs), printing each launch's PTX as JSON."""
     return textwrap.dedent(f"""
         import json
         import triton
@@ -70,7 +73,7 @@ def _compile_script(module: str, kernel: str, step: str, launches: tuple) -> str
 
         cases = {{}}
         for step, rpt, warps in {launches!r}:
-            constexprs = {{"{step}": step, "RPT": rpt, "num_warps": warps, "PDL": True}}
+            constexprs = {{"{step}": step, "RPT": rpt, "num_warps": warps, "PDL": True, **{extra or {}!r}}}
             signature = {{arg: "constexpr" if arg in constexprs else "*i32" if arg == "xq_ptr" else "*u8"
                          if arg == "w_ptr" else "*bf16" if arg == "out_ptr" else "*fp32" if arg.endswith("_ptr")
                          else "i32" for arg in kernel.arg_names}}
@@ -109,7 +112,7 @@ def _compiled_loops(script: str, launches: int):
         yield launch, case["ptx"], case["rpt"], loop
 
 SCRIPT = _compile_script("gluon_gemv", "gluon_gemv_q4k_kernel", "SB_STEP",
-                         ((4, 1, 1), (2, 1, 1), (1, 1, 1), (4, 2, 4)))
+                         ((4, 1, 1), (2, 1, 1), (1, 1, 1), (4, 2, 4)), {"Q5": False})
 
 
 @pytest.mark.slow
@@ -122,6 +125,25 @@ def test_compiled_for_sm90_each_thread_sums_its_group_alone():
     for launch, ptx, rpt, loop in _compiled_loops(SCRIPT, 4):
         vectors = [line for line in loop if re.match(r"ld\.global(\.\S+)*\.v4\.b32", line)]
         assert len(vectors) == 2 * rpt + 4, (launch, vectors)     # quants of each row, activations once
+        assert sum(line.startswith("dp4a.s32.s32") for line in loop) == 16 * rpt, launch
+        assert any("ld.global" in line for line in _before_pdl_wait(ptx)), "weights load after the wait"
+
+
+SCRIPT_Q5K = _compile_script("gluon_gemv", "gluon_gemv_q4k_kernel", "SB_STEP", ((4, 1, 1), (8, 2, 1), (4, 4, 4)),
+                             {"Q5": True})
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not HAS_GLUON, reason="Triton with Gluon is not installed")
+def test_q5k_compiled_for_sm90_adds_its_fifth_bits_in_thread():
+    """Q5_K through the Q4_K kernel: per step and row a thread loads its group's 32 quant bytes and the super-block's
+    32 bytes of fifth bits as four 16-byte vectors (the activations once, four more), ORs a fifth bit into each byte of
+    its 16 quant words (16 ``or`` per row at least; Q4_K's loop has 8) and runs 16 dp4a per row; nothing in the loop
+    crosses threads; the PDL contract."""
+    for launch, ptx, rpt, loop in _compiled_loops(SCRIPT_Q5K, 3):
+        vectors = [line for line in loop if re.match(r"ld\.global(\.\S+)*\.v4\.b32", line)]
+        assert len(vectors) == 4 * rpt + 4, (launch, vectors)
+        assert sum(line.startswith("or.b32") for line in loop) >= 16 * rpt, launch
         assert sum(line.startswith("dp4a.s32.s32") for line in loop) == 16 * rpt, launch
         assert any("ld.global" in line for line in _before_pdl_wait(ptx)), "weights load after the wait"
 
@@ -196,7 +218,7 @@ def _check_against_gguf_py(name: str, fp16: slice, scale: float, shapes, launche
         x = torch.randn(1, cols, device="cuda").to(torch.bfloat16)
         exact = x.double() @ weight.T
         bound = 3 * 2 ** -8 * (x.double().abs() @ weight.abs().T) + activation_rounding_bound(x, weight)
-        words, scales, *sums = dp4a_ops.quantize_activations(x, sums=name == "Q4_K")
+        words, scales, *sums = dp4a_ops.quantize_activations(x, sums=name in ("Q4_K", "Q5_K"))
         sums = sums[0] if sums else None
         for launch in launches:
             got = gluon_gemv_ops.gluon_gemv(name, words, scales, sums, data, cols, x, launch, None)
@@ -242,3 +264,14 @@ def test_q4_0_within_activation_rounding_of_gguf_py():
                            ((37, 256), (130, 2048), (1000, 4096), (8200, 2048), (64, 14336)),
                            ((8, 1, 1, 0), (8, 2, 1, 1), (4, 4, 1, 0), (2, 1, 4, 2), (8, 4, 1, 0), (1, 2, 1, 0),
                             (1, 1, 1, 7)), seed=13)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _h100(), reason="needs an H100/H200 (sm_90) and Triton with Gluon")
+def test_q5k_within_activation_rounding_of_gguf_py():
+    """Q5_K (the Q4_K kernel with its fifth bits) as Q4_K: rows off the program size, K split and not, 1-8 super-blocks
+    per step, 1-4 rows per thread, 1 and 4 warps; the dispatch sends one-token Q5_K calls to it."""
+    _check_against_gguf_py("Q5_K", slice(0, 4), 0.02,
+                           ((37, 1024), (130, 2048), (1000, 4096), (8200, 4096), (64, 14336)),
+                           ((4, 1, 1, 0), (2, 1, 1, 1), (1, 1, 1, 2), (4, 2, 4, 0), (8, 2, 1, 0), (4, 4, 1, 2),
+                            (8, 4, 1, 0)), seed=17)

@@ -1,7 +1,8 @@
-"""Host side of the one-token Gluon GEMV (``gluon_gemv``: Q4_K, ``gluon_gemv_q6k``: Q6_K, ``gluon_gemv_q4_0``: Q4_0):
-which calls it takes from the Triton GEMV (``triton_gemv_tokens``, through ``dp4a_ops``) and its launch.
+"""Host side of the one-token Gluon GEMV (``gluon_gemv``: Q4_K and Q5_K, ``gluon_gemv_q6k``: Q6_K,
+``gluon_gemv_q4_0``: Q4_0): which calls it takes from the Triton GEMV (``triton_gemv_tokens``, through ``dp4a_ops``)
+and its launch.
 
-The kernels give each thread whole 64-column pieces (Q4_K: a group of one super-block; Q6_K: a piece of each of a
+The kernels give each thread whole 64-column pieces (Q4_K, Q5_K: a group of one super-block; Q6_K: a piece of each of a
 group of eight; Q4_0: two blocks of a group of eight), four threads to a unit, and walk ``step`` units per loop
 iteration; a program holds ``rows per thread x 32 / (4 step) x warps`` rows.
 """
@@ -18,7 +19,7 @@ from .gluon_ops import _runs_on
 
 # Columns one unit of ``step`` covers: a Q4_K super-block; eight Q6_K super-blocks, eight Q4_0 blocks (the kernels'
 # 16-byte-aligned groups).
-UNIT_COLUMNS = {"Q4_K": 256, "Q6_K": 2048, "Q4_0": 256}
+UNIT_COLUMNS = {"Q4_K": 256, "Q5_K": 256, "Q6_K": 2048, "Q4_0": 256}
 # The launch by weight shape: (units per step, rows per thread, warps, K split (0: the caller's), least rows, least
 # columns, most columns), the first that holds; other shapes keep ``triton_gemv_tokens``.
 # Q4_K, session 20's H100 sweep (``.dev``: CUDA graphs over weight copies beyond L2, activations' blocks attached as the
@@ -41,11 +42,17 @@ UNIT_COLUMNS = {"Q4_K": 256, "Q6_K": 2048, "Q4_0": 256}
 # rows per thread and four warps (one-warp programs are 32 to an SM at most: 16384x2048 11.3-11.9 at one warp); from
 # 8,192 columns one row per thread, one warp, K split as ``split_k`` picks. Engine A/B, 1.5B Q4_0 at batch 1 (fresh
 # processes, two rounds): 1,302.5 / 1,309.2 against 1,194.7 / 1,193.0 tok/s with the Triton GEMV.
+# Q5_K (the Q4_K kernel with its fifth bits), session 24's H100 sweep (same method), us, this kernel at eight
+# super-blocks per step, two rows per thread, four warps / the Triton GEMV: 4096x14336 18.0 / 20.3 (75% / 66% of a
+# device copy), 14336x4096 17.8 / 20.9 (75% / 64%), 28672x4096 31.6 / 36.0 (85% / 75%), 4096x4096 6.3 / 8.4,
+# 16384x2048 10.9 / 14.5, 2048x2048 2.3 / 3.6, 2048x8192 7.5 / 8.0, 1024x4096 3.1 / 3.5: ahead or even at every shape
+# of nine launches tried (one warp: 4096x14336 19.2-22.7).
 # ``TOOLKIT_GGUF_GLUON_GEMV=0`` keeps the Triton GEMV, ``=Q4_K`` (type names, comma-separated) keeps it for the other
 # types; ``TOOLKIT_GGUF_GLUON_GEMV_LAUNCH=step,rows per thread,warps,split`` (split 0: the rule's) sets the launch
 # (benchmarks).
 GEMV_RULES = {
     "Q4_K": ((8, 4, 1, 0, 16384, 0, 4096), (8, 2, 1, 0, 0, 0, 4096), (4, 4, 1, 0, 4096, 8192, 1 << 40)),
+    "Q5_K": ((8, 2, 4, 0, 0, 0, 1 << 40),),
     "Q6_K": ((1, 1, 1, 7, 4096, 8192, 1 << 40), (1, 1, 1, 7, 8192, 2048, 1 << 40)),
     "Q4_0": ((8, 2, 4, 0, 0, 0, 4096), (8, 1, 1, 0, 0, 8192, 1 << 40)),
 }
@@ -96,10 +103,10 @@ def gluon_gemv(name: str, words: torch.Tensor, scales: torch.Tensor, sums: torch
     out = split_output(split, 1, rows, x)
     grid = (-(-rows // _gemv_rows(step, rpt, warps)), split)
     common = dict(RPT=rpt, num_warps=warps, **launch_options(x.device))
-    if name == "Q4_K":
+    if name in ("Q4_K", "Q5_K"):
         from .gluon_gemv import gluon_gemv_q4k_kernel  # noqa: PLC0415 - Gluon only on the GPUs that run it
         gluon_gemv_q4k_kernel[grid](words, scales, sums, data, out, rows, cols // split, data.stride(0), SB_STEP=step,
-                                    **common)
+                                    Q5=name == "Q5_K", **common)
     elif name == "Q6_K":
         from .gluon_gemv_q6k import gluon_gemv_q6k_kernel  # noqa: PLC0415
         gluon_gemv_q6k_kernel[grid](words, scales, data, out, rows, cols // split, data.stride(0), GROUPS=step,
