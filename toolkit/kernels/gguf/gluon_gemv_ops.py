@@ -28,7 +28,12 @@ UNIT_COLUMNS = {"Q4_K": 256, "Q5_K": 256, "Q6_K": 2048, "Q4_0": 256}
 # 1024x4096 3.0 / 2.9 (eight super-blocks, two rows per thread); 4096x14336 16.3 / 17.2 (four and four, K in two as
 # the Triton GEMV's rule cuts it). Lost: 2048x8192 (7.2 / 6.7 at best). A second sweep (same session) had four rows per
 # thread ahead on the gate/up weights: 28672x4096 26.7 against 27.2, 16384x2048 9.7 / 10.3, and behind or even on the
-# others (1024x4096 3.4 / 3.1, 4096x4096 6.3 / 6.2).
+# others (1024x4096 3.4 / 3.1, 4096x4096 6.3 / 6.2). Session 24 (same method, three calls): four warps with K not
+# split won at 4096x14336 (eight super-blocks, four rows per thread: 15.6-16.1 against 15.9-17.3 at the rule before,
+# 69-71% of a device copy) and at 2,048 columns from 2,048 rows (2048x2048 2.0 / 2.4-2.5, 2560x2048 2.2 / 2.8,
+# 2304x2048 2.1 / 2.6); even elsewhere (16384x2048, 28672x4096, 4096x4096, 1024x4096). Engine A/B, batch 1, fresh
+# processes, two rounds: 1.5B Q4_K_M 1,183.1 / 1,082.3 against 1,064.1 / 1,064.7 tok/s, 8B Q4_K_M 404.6 / 405.4
+# against 405.9 / 405.6 (even).
 # Q6_K (2,048-column multiples only: 16-byte-aligned rows), session 21's H100 sweep (same method), us, this kernel /
 # the Triton GEMV with its rules: 4096x14336 24.7-24.9 / 28.8-29.4 (64-65% / 55-56% of a device copy), 128256x4096
 # 172.4-173.2 / 197.4-199.7 (83% / 72%), 14336x4096 23.3-23.7 / 27.5-28.3, at one group of eight super-blocks per
@@ -51,7 +56,8 @@ UNIT_COLUMNS = {"Q4_K": 256, "Q5_K": 256, "Q6_K": 2048, "Q4_0": 256}
 # types; ``TOOLKIT_GGUF_GLUON_GEMV_LAUNCH=step,rows per thread,warps,split`` (split 0: the rule's) sets the launch
 # (benchmarks).
 GEMV_RULES = {
-    "Q4_K": ((8, 4, 1, 0, 16384, 0, 4096), (8, 2, 1, 0, 0, 0, 4096), (4, 4, 1, 0, 4096, 8192, 1 << 40)),
+    "Q4_K": ((8, 4, 1, 0, 16384, 0, 4096), (8, 4, 4, 1, 2048, 0, 2048), (8, 2, 1, 0, 0, 0, 4096),
+             (8, 4, 4, 1, 4096, 8192, 1 << 40)),
     "Q5_K": ((8, 2, 4, 0, 0, 0, 1 << 40),),
     "Q6_K": ((1, 1, 1, 7, 4096, 8192, 1 << 40), (1, 1, 1, 7, 8192, 2048, 1 << 40)),
     "Q4_0": ((8, 2, 4, 0, 0, 0, 4096), (8, 1, 1, 0, 0, 8192, 1 << 40)),
