@@ -30,13 +30,15 @@ def main() -> None:
     parser.add_argument("--sequence", type=int, default=0,
                         help="also print the first N kernels of the last step in launch order (one layer's sequence)")
     parser.add_argument("--graphs", action="store_true", help="profile CUDA-graph replays (decode only)")
+    parser.add_argument("--max-num-seqs", type=int, default=0,
+                        help="the engine's max_num_seqs (default: --batch), as `toolkit bench` sets it to its largest")
     args = parser.parse_args()
 
     import toolkit  # noqa: PLC0415
     from toolkit.core.engine import benchmark  # noqa: PLC0415
 
-    llm = toolkit.LLM(args.model, device="cuda", max_num_seqs=args.batch, enable_prefix_caching=False,
-                      enforce_eager=not args.graphs, kv_cache_memory="4GiB")
+    llm = toolkit.LLM(args.model, device="cuda", max_num_seqs=args.max_num_seqs or args.batch,
+                      enable_prefix_caching=False, enforce_eager=not args.graphs, kv_cache_memory="4GiB")
     benchmark.measure(llm, args.batch, 128, 4)                      # warm-up: compile every kernel
     if args.prefill:
         profile_prefill(llm, args)
