@@ -51,7 +51,8 @@ UNIT_COLUMNS = {"Q4_K": 256, "Q5_K": 256, "Q6_K": 2048, "Q4_0": 256}
 # super-blocks per step, two rows per thread, four warps / the Triton GEMV: 4096x14336 18.0 / 20.3 (75% / 66% of a
 # device copy), 14336x4096 17.8 / 20.9 (75% / 64%), 28672x4096 31.6 / 36.0 (85% / 75%), 4096x4096 6.3 / 8.4,
 # 16384x2048 10.9 / 14.5, 2048x2048 2.3 / 3.6, 2048x8192 7.5 / 8.0, 1024x4096 3.1 / 3.5: ahead or even at every shape
-# of nine launches tried (one warp: 4096x14336 19.2-22.7).
+# of nine launches tried (one warp: 4096x14336 19.2-22.7). Engine A/B, 1.5B Q5_K_M at batch 1 (fresh processes, two
+# rounds): 1,079.3 / 1,081.9 against 891.2 / 890.4 tok/s with the Triton GEMV.
 # ``TOOLKIT_GGUF_GLUON_GEMV=0`` keeps the Triton GEMV, ``=Q4_K`` (type names, comma-separated) keeps it for the other
 # types; ``TOOLKIT_GGUF_GLUON_GEMV_LAUNCH=step,rows per thread,warps,split`` (split 0: the rule's) sets the launch
 # (benchmarks).
