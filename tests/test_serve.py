@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -46,6 +47,26 @@ def server(tiny_llama, tmp_path_factory):
     process = ServerProcess(tiny_llama.path, "--device", "cpu", "--served-model-name", "tiny", "--api-key", KEY,
                             "--chat-template", str(template), "--max-num-seqs", str(MAX_RUNNING),
                             "--max-waiting", str(MAX_WAITING), log=folder / "server.log")
+    try:
+        yield process.wait_ready()
+    finally:
+        process.stop()
+
+
+@pytest.fixture(scope="module")
+def long_context_server(tiny_llama, tmp_path_factory):
+    """A server of tiny_llama's weights with an 8,192-token context and the same limits: a request for thousands of
+    tokens runs for seconds on a CPU, so a test that fills the queue does not race the first requests' ends (at 240
+    tokens, the most tiny_llama's 256 allow, the 16 running requests could finish on a fast CPU while a loaded one
+    was still opening the 36 streams)."""
+    folder = tmp_path_factory.mktemp("serve-long")
+    model = folder / "model"
+    shutil.copytree(tiny_llama.path, model)
+    config = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps(config | {"max_position_embeddings": 8192}))
+    process = ServerProcess(model, "--device", "cpu", "--served-model-name", "tiny", "--api-key", KEY,
+                            "--max-num-seqs", str(MAX_RUNNING), "--max-waiting", str(MAX_WAITING),
+                            log=folder / "server.log")
     try:
         yield process.wait_ready()
     finally:
@@ -292,13 +313,13 @@ def test_chat_without_a_template_is_a_clear_400(tiny_llama):
     assert "--chat-template" in response.json()["error"]["message"]
 
 
-def test_full_waiting_queue_is_503_with_retry_after(server):
+def test_full_waiting_queue_is_503_with_retry_after(long_context_server):
     """16 requests run and 20 wait (the server's limits); the next is turned away. The streams open
-    one after another (each answers once admitted), much faster than 240 tokens are generated."""
-    long = {"model": "tiny", "prompt": "Hello", "max_tokens": 240, "ignore_eos": True, "stream": True}
+    one after another (each answers once admitted), much faster than 8,000 tokens are generated."""
+    long = {"model": "tiny", "prompt": "Hello", "max_tokens": 8000, "ignore_eos": True, "stream": True}
 
     async def scenario():
-        async with httpx.AsyncClient(base_url=server.url, headers=AUTH, timeout=60) as client:
+        async with httpx.AsyncClient(base_url=long_context_server.url, headers=AUTH, timeout=60) as client:
             streams = [client.stream("POST", "/v1/completions", json=long) for _ in range(MAX_RUNNING + MAX_WAITING)]
             responses = [await stream.__aenter__() for stream in streams]  # headers come once admitted
             overflow = await client.post("/v1/completions", json={"model": "tiny", "prompt": "Hi", "max_tokens": 1})
