@@ -39,18 +39,24 @@ PROMPTS = ["Hello, my name is", "Once upon a time"]
 MAX_RUNNING, MAX_WAITING = 16, 20
 
 
+def _running_server(model, folder, *options):
+    """A server process of ``model`` under the tests' name, key and limits (plus ``options``), ready, stopped after
+    the fixture's last test."""
+    process = ServerProcess(model, "--device", "cpu", "--served-model-name", "tiny", "--api-key", KEY,
+                            "--max-num-seqs", str(MAX_RUNNING), "--max-waiting", str(MAX_WAITING), *options,
+                            log=folder / "server.log")
+    try:
+        yield process.wait_ready()
+    finally:
+        process.stop()
+
+
 @pytest.fixture(scope="module")
 def server(tiny_llama, tmp_path_factory):
     folder = tmp_path_factory.mktemp("serve")
     template = folder / "template.jinja"
     template.write_text(TEMPLATE)
-    process = ServerProcess(tiny_llama.path, "--device", "cpu", "--served-model-name", "tiny", "--api-key", KEY,
-                            "--chat-template", str(template), "--max-num-seqs", str(MAX_RUNNING),
-                            "--max-waiting", str(MAX_WAITING), log=folder / "server.log")
-    try:
-        yield process.wait_ready()
-    finally:
-        process.stop()
+    yield from _running_server(tiny_llama.path, folder, "--chat-template", str(template))
 
 
 @pytest.fixture(scope="module")
@@ -64,13 +70,7 @@ def long_context_server(tiny_llama, tmp_path_factory):
     shutil.copytree(tiny_llama.path, model)
     config = json.loads((model / "config.json").read_text())
     (model / "config.json").write_text(json.dumps(config | {"max_position_embeddings": 8192}))
-    process = ServerProcess(model, "--device", "cpu", "--served-model-name", "tiny", "--api-key", KEY,
-                            "--max-num-seqs", str(MAX_RUNNING), "--max-waiting", str(MAX_WAITING),
-                            log=folder / "server.log")
-    try:
-        yield process.wait_ready()
-    finally:
-        process.stop()
+    yield from _running_server(model, folder)
 
 
 @pytest.fixture(scope="module")
