@@ -1,18 +1,20 @@
 """A split-K matmul's result before its partial sums are added, handed to the op that reads it next.
 
-Why: decode matmuls at 2-16 tokens (and a few at one) cut K into splits so that enough programs stream the
+Why: decode matmuls at 2-64 tokens (and a few at one) cut K into splits so that enough programs stream the
 weight; each split writes float32 partial sums ``[S, T, N]`` and a second launch adds them (``sum_splits``). In a
 batch-8 decode step of the 1.5B and 8B Llama GGUF files those sums were a launch per matmul, 2-3 us each, 11% and
 5% of the step's kernel time (H100, ``bench/profile_decode.py --graphs``). The op after a projection (the residual
 add with the next norm, the gated activation) reads its input once anyway: it adds the partials as it loads them.
 
-- Only the int8 kernels (1-16 tokens) hand them on; the 16-bit kernel (17-64 tokens) reduces its own: handed on
-  from it, a batch-32 decode step of the 1.5B Q4_0 file ran 8% slower (H100, session 15).
+- The int8 kernels (1-16 tokens) hand them on, and the 16-bit kernels (17-64 tokens) for Q4_K and Q6_K weights
+  (``dot16_ops.DOT16_UNREDUCED_TYPES``: +4-6% at batch 32 and 64 of the 8B Q4_K_M file, H100); Q4_0's reduce their
+  own: handed on, a batch-32 decode step of the 1.5B Q4_0 file ran 7.5-8% slower (sessions 15 and 25).
 - A caller whose next op can take them asks for them: ``LinearBase.forward(x, unreduced=True)``. The scheme may
   then return ``SplitSums`` instead of a tensor; unasked, no layer ever returns one.
 - The consumer ops (``add_rms_norm_splits``, ``gated_activation_splits``) add ``parts`` in split order in float32
   and round the total to ``dtype``, as ``sum_splits`` writes it, then go on as their one-tensor ops do: the
-  results are bit for bit those of the two launches.
+  results are bit for bit those of the two launches, but for one case found in session 25: float16 norm outputs
+  with int8 blocks were 1 ulp off on a few elements in 10^5 (H100; cause not established).
 - A weight whose rows have several quant types answers with ``Columns``, one piece per type; ``split_columns`` cuts
   a fused q/k/v output into its parts, each still lazy where it lies inside one piece. The rotary op that stores k
   and v (``rotary_store_kv_splits``) adds q's, k's and v's partials as it loads them.

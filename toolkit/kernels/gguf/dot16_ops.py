@@ -121,6 +121,25 @@ def dot16_range() -> tuple[int, int]:
     return int(os.environ.get("TOOLKIT_GGUF_DOT16_MIN_TOKENS", DOT16_MIN_TOKENS)), DOT16_MAX_TOKENS
 
 
+# Types whose 17-64-token calls hand their split-K partial sums on to the next op where the caller takes them
+# (``kernels/split_sums``: the residual add with the next norm, the gated activation, the rotary KV store), instead
+# of a ``sum_splits`` launch per matmul. Session 25, engine A/B on an H100 (fresh processes, two rounds, tok/s, handed
+# on / reduced here): 8B Q4_K_M batch 32 5,743 / 5,746 against 5,445 / 5,434 (+5.6%), batch 64 8,261 / 8,321
+# against 7,931 / 7,927; 1.5B Q4_K_M batch 32 15,184 / 15,091 against 14,642 / 14,619, batch 64 25,436 / 23,165
+# against 22,625 / 21,695. Q4_0 stays out: the 1.5B Q4_0 file's batch 32 lost 7.5% (14,576 / 14,700 against
+# 15,827 / 15,703; session 15 saw 8% with the Triton kernel), batch 64 gained 3% (24,692 / 24,752 against 23,947 /
+# 24,063); its graph profile had the Gluon Q4_0 matmuls themselves slower when their partials went on (the step's
+# span 1.91 against 1.77 ms). ``TOOLKIT_GGUF_DOT16_UNREDUCED``: "0" for none, or type names, comma-separated.
+DOT16_UNREDUCED_TYPES = ("Q4_K", "Q6_K")
+
+
+def dot16_hands_on(qtype: int) -> bool:
+    """Whether a 17-64-token call of ``qtype`` may return split-K partial sums (``DOT16_UNREDUCED_TYPES``)."""
+    setting = os.environ.get("TOOLKIT_GGUF_DOT16_UNREDUCED")
+    types = DOT16_UNREDUCED_TYPES if setting is None else setting.split(",")
+    return type_name(qtype) in types
+
+
 def dot16_takes(data: torch.Tensor, qtype: int, cols: int, tokens: int) -> bool:
     """Whether the kernel takes this call (data already checked by ``triton_ops._packed_ok``): its types and
     token range (``dot16_range``), ahead of the int8 kernels; below that range, the calls a Gluon kernel takes
@@ -141,12 +160,13 @@ def dot16_takes(data: torch.Tensor, qtype: int, cols: int, tokens: int) -> bool:
 def dot16_matmul(x: torch.Tensor, data: torch.Tensor, qtype: int, cols: int, bm: int | None = None,
                  bn: int | None = None, num_warps: int | None = None, num_stages: int | None = None,
                  split: int | None = None, programs_per_sm: int | None = None,
-                 group: int | None = None) -> torch.Tensor:
+                 group: int | None = None, unreduced: bool = False) -> torch.Tensor:
     """``x [T, cols] @ W.T`` -> ``[T, rows]`` in x's dtype (x contiguous, fp16/bf16); ``bm`` (tokens per program)
     defaults to T rounded up to a power of two, 16 to 64, the other launch arguments to ``dot16_launch`` of the
     type, weight shape and ``bm``; ``group`` (1, 2, 4 or 8): Q4_0/Q8_0 blocks per K-loop iteration (default:
     ``DOT16_GROUP`` of the type, else 1). Without launch arguments, a call ``gluon_ops.GLUON_RULES`` takes goes to
-    a Gluon kernel (Q4_K, Q6_K, Q4_0 on an H100/H200)."""
+    a Gluon kernel (Q4_K, Q6_K, Q4_0 on an H100/H200). ``unreduced``: split-K partial sums returned as they are
+    (``finish_splits``)."""
     tokens, rows = x.shape[0], data.shape[0]
     bm = bm or token_tile(tokens)
     if not any((bn, num_warps, num_stages, split, programs_per_sm, group)):  # the dispatch's call, not a benchmark's
@@ -154,7 +174,7 @@ def dot16_matmul(x: torch.Tensor, data: torch.Tensor, qtype: int, cols: int, bm:
 
         rule = gluon_rule(type_name(qtype), rows, cols, bm, x.device, tokens)
         if rule is not None:
-            return gluon_matmul(x, data, type_name(qtype), cols, bm, rule)
+            return gluon_matmul(x, data, type_name(qtype), cols, bm, rule, unreduced=unreduced)
     launch = dot16_launch(type_name(qtype), rows, cols, bm)
     bn = bn or launch["bn"]
     grid_nm, split = tiles_and_split(tokens, rows, cols, bm, bn, x.device, programs_per_sm or launch["programs_per_sm"],
@@ -165,7 +185,7 @@ def dot16_matmul(x: torch.Tensor, data: torch.Tensor, qtype: int, cols: int, bm:
         x, data, out, tokens, rows, cols, cols // split, x.stride(0), data.stride(0), QTYPE=int(qtype),
         TS=type_size(qtype), BM=bm, BN=bn, GROUP=group, num_warps=num_warps or launch["num_warps"],
         num_stages=num_stages or launch["num_stages"], **launch_options(x.device))
-    return finish_splits(out, x.dtype)
+    return finish_splits(out, x.dtype, unreduced)
 
 
 def token_tile(tokens: int) -> int:

@@ -80,11 +80,12 @@ def _kernels():
 
 
 def gluon_matmul(x: torch.Tensor, data: torch.Tensor, name: str, cols: int, bm: int, rule: Dot16Rule | None = None,
-                 **launch) -> torch.Tensor:
+                 unreduced: bool = False, **launch) -> torch.Tensor:
     """``x [T, cols] @ W.T`` -> ``[T, rows]`` in x's dtype for a weight of type ``name`` (Q4_K, Q6_K or Q4_0; ``data``
     uint8 ``[rows, row bytes]``, rows 4-byte aligned for Q4_K, 2 for the others; x contiguous, fp16/bf16) with ``bm``
     tokens per program. Launch values (``GLUON_LAUNCH``'s keys: bn, num_warps, stages, programs_per_sm, group (Q4_0
-    blocks per iteration), and ``split``) from ``rule`` over ``GLUON_LAUNCH``, or as given (benchmarks, tests)."""
+    blocks per iteration), and ``split``) from ``rule`` over ``GLUON_LAUNCH``, or as given (benchmarks, tests).
+    ``unreduced``: split-K partial sums returned as they are (``finish_splits``)."""
     values = {**GLUON_LAUNCH, **dict(rule.launch if rule is not None else ()),
               **{key: value for key, value in launch.items() if value is not None}}
     kernel, register_cap = _kernels()[name]
@@ -98,4 +99,4 @@ def gluon_matmul(x: torch.Tensor, data: torch.Tensor, name: str, cols: int, bm: 
     kernel[(*grid_nm, split)](x, data, out, tokens, rows, cols, cols // split, x.stride(0), data.stride(0), BM=bm,
                               BN=values["bn"], STAGES=values["stages"], num_warps=values["num_warps"],
                               **launch_options(x.device), **extra)
-    return finish_splits(out, x.dtype)
+    return finish_splits(out, x.dtype, unreduced)

@@ -27,7 +27,7 @@ import torch
 import triton
 
 from .bits import IQ4_NL_VALUES
-from .dot16_ops import dot16_matmul, dot16_takes
+from .dot16_ops import dot16_hands_on, dot16_matmul, dot16_takes
 from .dp4a_ops import (_HARDWARE_DP4A, _dp4a_ok, activation_blocks, dp4a_enabled,  # noqa: F401 - callers import
                        dp4a_tokens_matmul, quantize_activations)                  # them from here too
 from .gemv_launch import (DP4A_STEP, MMQ_EVICTION, TOKENS_MAX_TOKENS, TOKENS_SUM_TYPES,  # noqa: F401 - DP4A_STEP,
@@ -300,9 +300,7 @@ def gguf_matmul(x: torch.Tensor, data: torch.Tensor, qtype: int, cols: int,
     flat = x if x.dim() == 2 and x.is_contiguous() else x.reshape(-1, cols).contiguous()
     tokens = flat.shape[0]
     if dot16_takes(data, qtype, cols, tokens):
-        # its split-K sums are reduced here even when the caller would take them: handed on from the 16-bit
-        # kernel (17-64 tokens), a batch-32 decode step of the 1.5B Q4_0 file ran 8% slower (H100, session 15)
-        out = dot16_matmul(flat, data, qtype, cols)
+        out = dot16_matmul(flat, data, qtype, cols, unreduced=unreduced and dot16_hands_on(qtype))
     elif (int8_kernel := _int8_kernel(data, qtype, cols, tokens)) is not None:
         out = int8_kernel(flat, data, qtype, cols, unreduced=unreduced)
     elif tokens == 1:
