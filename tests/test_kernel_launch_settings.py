@@ -13,7 +13,8 @@ from toolkit.kernels.gguf import dot16_ops  # noqa: E402
 @pytest.fixture(autouse=True)
 def clean_environment(monkeypatch):
     for name in ("TOOLKIT_BNB_TRITON_4BIT", "TOOLKIT_BNB_MMA", "TOOLKIT_BNB_MMA_LAUNCH", "TOOLKIT_GGUF_DOT16",
-                 "TOOLKIT_GGUF_DOT16_MIN_TOKENS", "TOOLKIT_GGUF_DOT16_LAUNCH", "TOOLKIT_GGUF_DOT16_RULES"):
+                 "TOOLKIT_GGUF_DOT16_MIN_TOKENS", "TOOLKIT_GGUF_DOT16_LAUNCH", "TOOLKIT_GGUF_DOT16_RULES",
+                 "TOOLKIT_GGUF_DOT16_UNREDUCED"):
         monkeypatch.delenv(name, raising=False)
 
 
@@ -86,6 +87,15 @@ def test_dot16_launch_rules_by_type_columns_and_token_tile(monkeypatch):
     monkeypatch.setenv("TOOLKIT_GGUF_DOT16_LAUNCH", "64,4,3,2,1")
     monkeypatch.delenv("TOOLKIT_GGUF_DOT16_RULES")
     assert dot16_ops.dot16_launch("Q4_0", 2048, 2048, 64)["num_stages"] == 3
+
+
+def test_dot16_hands_on_q4k_and_q6k_partial_sums_by_default(monkeypatch):
+    from gguf import GGMLQuantizationType as T  # noqa: PLC0415
+    assert [dot16_ops.dot16_hands_on(int(t)) for t in (T.Q4_K, T.Q6_K, T.Q4_0, T.Q8_0)] == [True, True, False, False]
+    monkeypatch.setenv("TOOLKIT_GGUF_DOT16_UNREDUCED", "0")
+    assert not any(dot16_ops.dot16_hands_on(int(t)) for t in (T.Q4_K, T.Q6_K, T.Q4_0))
+    monkeypatch.setenv("TOOLKIT_GGUF_DOT16_UNREDUCED", "Q4_0,Q6_K")
+    assert [dot16_ops.dot16_hands_on(int(t)) for t in (T.Q4_K, T.Q6_K, T.Q4_0)] == [False, True, True]
 
 
 def test_dot16_takes_its_types_from_17_to_64_tokens():
