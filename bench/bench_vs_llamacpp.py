@@ -13,7 +13,9 @@ For each GGUF file:
 
 Writes one markdown table of ratios (toolkit / llama.cpp; > 1 means toolkit is faster) and a
 JSON file with every raw number. llama.cpp's batch-1 figure is the larger of llama-bench's
-``tg128`` and batched-bench's ``B=1`` row, so the ratio never flatters toolkit.
+``tg128`` and batched-bench's ``B=1`` row, so the ratio never flatters toolkit. Load: each engine's load alone in
+``--load-runs`` fresh processes (default 5; toolkit: ``bench_load_phases``' worker, llama.cpp: a one-token
+``llama-bench -v``), the medians side by side; one load per process varies by +-30% on a shared host.
 
     python bench/bench_vs_llamacpp.py --llama-build /tmp/llama.cpp/build --out /tmp/vs --models a.gguf b.gguf
     python bench/bench_vs_llamacpp.py --skip-llamacpp --models a.gguf      # toolkit only
@@ -69,6 +71,20 @@ def llama_bench(build: Path, model: str, prompt: int, gen: int) -> dict:
         elif row["n_gen"] and not row["n_prompt"]:
             result["decode_b1_tok_s"] = row["avg_ts"]
     return result
+
+
+def llama_load_times(build: Path, model: str, runs: int) -> list[float]:
+    """llama.cpp's load time (``_load_time``: llama-bench's ``-v`` log; batched-bench prints none) in ``runs`` fresh
+    processes of ``llama-bench`` doing the least it can (one generated token, once): the peer of
+    ``toolkit_load_times``."""
+    cmd = [str(_binary(build, "llama-bench")), "-m", model, "-fa", "1", "-p", "0", "-n", "1", "-r", "1",
+           "-ngl", "99", "-o", "json", "-v"]
+    times = []
+    for _ in range(runs):
+        parsed = _load_time(subprocess.run(cmd, capture_output=True, text=True, check=True).stderr)
+        if "load_s" in parsed:
+            times.append(parsed["load_s"])
+    return times
 
 
 def llama_batched_bench(build: Path, model: str, batches, input_len: int, output_len: int) -> dict:
@@ -131,6 +147,25 @@ def run_toolkit(model: str, args, scratch: Path) -> dict:
     return result
 
 
+def toolkit_load_times(model: str, device: str, runs: int) -> list[float]:
+    """``toolkit.load`` (weights and tokenizer) in ``runs`` fresh processes, each after ``import torch`` and the
+    device's own start-up (``bench_load_phases``' worker)."""
+    from bench_load_phases import run_once  # noqa: PLC0415 - a sibling script of bench/
+
+    return [run_once(model, device)["load_s"] for _ in range(runs)]
+
+
+def _load_cell(ours: dict, theirs: dict) -> str:
+    """``llama.cpp / toolkit`` load seconds: the medians of the repeated fresh-process loads where both have them
+    (``--load-runs``), else the one load of each engine's benchmark process."""
+    if ours.get("load_runs_s") and theirs.get("load_runs_s"):
+        return (f"{statistics.median(theirs['load_runs_s']):.2f} / {statistics.median(ours['load_runs_s']):.2f} "
+                f"(median of {len(theirs['load_runs_s'])} / {len(ours['load_runs_s'])})")
+    mine = f"{ours['load_s']:.2f}" if "load_s" in ours else ("error" if "error" in ours else "-")
+    peer = f"{theirs['load_s']:.2f}" if "load_s" in theirs else "-"
+    return f"{peer} / {mine}"
+
+
 # ---- table ----------------------------------------------------------------------------------------
 def _cell(ours, theirs) -> str:
     if ours is None or theirs is None:
@@ -152,9 +187,7 @@ def table(results: dict, batches) -> str:
                 peer = max(peer or 0, theirs["decode_b1_tok_s"])
             cells.append(_cell(mine, peer))
         cells.append(_cell(ours.get("prefill_tok_s"), theirs.get("prefill_tok_s")))
-        mine = f"{ours['load_s']:.2f}" if "load_s" in ours else ("error" if "error" in ours else "-")
-        peer = f"{theirs['load_s']:.2f}" if "load_s" in theirs else "-"
-        cells.append(f"{peer} / {mine}")
+        cells.append(_load_cell(ours, theirs))
         lines.append(f"| {Path(model).name} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -172,6 +205,9 @@ def main() -> None:
     parser.add_argument("--prompt", type=int, default=512, help="prefill length")
     parser.add_argument("--out", type=Path, default=Path("bench/results"))
     parser.add_argument("--device", default="cuda")
+    parser.add_argument("--load-runs", type=int, default=5,
+                        help="also time each engine's load alone in this many fresh processes; the table's load "
+                             "cell is then the two medians (0: the one load of each benchmark process)")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--worker-json", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -186,6 +222,8 @@ def main() -> None:
         res = results.setdefault(model, {})
         if not args.skip_toolkit:
             res["toolkit"] = run_toolkit(model, args, args.out)
+            if args.load_runs > 0 and "error" not in res["toolkit"]:
+                res["toolkit"]["load_runs_s"] = toolkit_load_times(model, args.device, args.load_runs)
             print(model, "toolkit", json.dumps({k: v for k, v in res["toolkit"].items() if k != "rows"}), flush=True)
         if not args.skip_llamacpp and model in args.models and args.llama_build:
             try:
@@ -195,6 +233,8 @@ def main() -> None:
                 res["llamacpp"]["batched_command"] = batched["command"]
                 if "load_s" in batched:
                     res["llamacpp"]["load_s"] = batched["load_s"]
+                if args.load_runs > 0:
+                    res["llamacpp"]["load_runs_s"] = llama_load_times(args.llama_build, model, args.load_runs)
             except (subprocess.CalledProcessError, FileNotFoundError) as exc:
                 stderr = getattr(exc, "stderr", "") or ""
                 res["llamacpp"] = {"error": f"{exc} {stderr[-2000:]}"}

@@ -61,3 +61,24 @@ def test_table_takes_llama_cpps_better_batch_one_figure_and_divides(bench):
     assert "1,000 / 500 = **0.50x**" in table          # max(llama-bench tg, batched B=1)
     assert "4,500 / 9,000 = **2.00x**" in table
     assert "40,000 / 20,000 = **0.50x**" in table
+
+
+def test_repeated_llama_cpp_loads_do_the_least_and_the_table_shows_both_medians(bench):
+    """``--load-runs``: llama.cpp's load time from fresh one-token llama-bench processes (the replayed ``-v`` log's
+    first ``load time`` each); the load cell is then the median of each engine's repeated loads, not one
+    process's."""
+    module, build, calls = bench
+    stderr = iter(["llama_perf_context_print:        load time =     300.00 ms\n",
+                   "llama_perf_context_print:        load time =     350.00 ms\n",
+                   "llama_perf_context_print:        load time =     310.00 ms\n"])
+    module.subprocess.run = lambda cmd, **kwargs: calls.append(cmd) or subprocess.CompletedProcess(cmd, 0, "",
+                                                                                                   next(stderr))
+    assert module.llama_load_times(build, "m.gguf", 3) == [0.3, 0.35, 0.31]
+    assert calls[0][0].endswith("llama-bench") and calls[0][-1] == "-v"
+    flags = dict(zip(calls[0][1:-1:2], calls[0][2:-1:2]))
+    assert (flags["-p"], flags["-n"], flags["-r"], flags["-ngl"]) == ("0", "1", "1", "99")
+    results = {"m.gguf": {"toolkit": {"decode_tok_s": {1: 500.0}, "load_s": 0.9, "load_runs_s": [0.25, 0.4, 0.2]},
+                          "llamacpp": {"decode_tok_s": {1: 400.0}, "load_s": 0.29, "load_runs_s": [0.3, 0.35, 0.31]}}}
+    assert "| 0.31 / 0.25 (median of 3 / 3) |" in module.table(results, (1,))
+    del results["m.gguf"]["llamacpp"]["load_runs_s"]                  # one side without repeats: the single loads
+    assert "| 0.29 / 0.90 |" in module.table(results, (1,))
