@@ -15,7 +15,8 @@ Writes one markdown table of ratios (toolkit / llama.cpp; > 1 means toolkit is f
 JSON file with every raw number. llama.cpp's batch-1 figure is the larger of llama-bench's
 ``tg128`` and batched-bench's ``B=1`` row, so the ratio never flatters toolkit. Load: each engine's load alone in
 ``--load-runs`` fresh processes (default 5; toolkit: ``bench_load_phases``' worker, llama.cpp: a one-token
-``llama-bench -v``), the medians side by side; one load per process varies by +-30% on a shared host.
+``llama-bench -v``), the medians side by side (toolkit's single loads varied by up to 60% between processes on one
+H100 host, llama.cpp's by a few percent).
 
     python bench/bench_vs_llamacpp.py --llama-build /tmp/llama.cpp/build --out /tmp/vs --models a.gguf b.gguf
     python bench/bench_vs_llamacpp.py --skip-llamacpp --models a.gguf      # toolkit only
