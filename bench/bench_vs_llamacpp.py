@@ -58,9 +58,15 @@ def _load_time(stderr: str) -> dict:
     return {"load_lines": [line for line in stderr.splitlines() if "load" in line.lower()][-8:]}
 
 
+def _llama_bench_command(build: Path, model: str, prompt: int, gen: int, *repeats: str) -> list[str]:
+    """``llama-bench`` on ``model`` (flash attention, every layer on the GPU, JSON out), ``repeats``: ``-r N`` or
+    nothing (its default); ``-v``: its log (with the load time) goes to stderr."""
+    return [str(_binary(build, "llama-bench")), "-m", model, "-fa", "1", "-p", str(prompt), "-n", str(gen), *repeats,
+            "-ngl", "99", "-o", "json", "-v"]
+
+
 def llama_bench(build: Path, model: str, prompt: int, gen: int) -> dict:
-    cmd = [str(_binary(build, "llama-bench")), "-m", model, "-fa", "1", "-p", str(prompt), "-n", str(gen),
-           "-ngl", "99", "-o", "json", "-v"]   # -v: its log (with the load time) goes to stderr
+    cmd = _llama_bench_command(build, model, prompt, gen)
     proc = subprocess.run(cmd, capture_output=True, text=True, check=True)
     out = proc.stdout
     rows = json.loads(out[out.index("["):out.rindex("]") + 1])      # the JSON array, whatever surrounds it
@@ -78,8 +84,7 @@ def llama_load_times(build: Path, model: str, runs: int) -> list[float]:
     """llama.cpp's load time (``_load_time``: llama-bench's ``-v`` log; batched-bench prints none) in ``runs`` fresh
     processes of ``llama-bench`` doing the least it can (one generated token, once): the peer of
     ``toolkit_load_times``."""
-    cmd = [str(_binary(build, "llama-bench")), "-m", model, "-fa", "1", "-p", "0", "-n", "1", "-r", "1",
-           "-ngl", "99", "-o", "json", "-v"]
+    cmd = _llama_bench_command(build, model, 0, 1, "-r", "1")
     times = []
     for _ in range(runs):
         parsed = _load_time(subprocess.run(cmd, capture_output=True, text=True, check=True).stderr)
