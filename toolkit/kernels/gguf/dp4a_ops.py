@@ -10,7 +10,7 @@ import os
 import torch
 import triton
 
-from . import gluon_gemv_ops
+from . import gluon_gemv_ops, gluon_tokens_ops
 from .gemv_launch import DP4A_STEP, TOKENS_SUM_TYPES, WEIGHT_EVICTION, GemvConfig, eviction, tokens_config
 from .triton_dp4a import quantize_activations_kernel
 from .triton_gemv_tokens import gemv_tokens_kernel
@@ -60,7 +60,8 @@ def dp4a_tokens_matmul(x: torch.Tensor, data: torch.Tensor, qtype: int, cols: in
                        config: GemvConfig | None = None, unreduced: bool = False) -> torch.Tensor:
     """``x [T, cols] @ W.T`` for ``T <= 8`` with the token-unrolled dp4a GEMV (``triton_gemv_tokens``):
     each program reads ``BN`` rows once for all T tokens; ``[T, rows]`` in x's dtype. Without a ``config``, one
-    token goes to the Gluon GEMV where ``gluon_gemv_ops.gemv_launch`` takes it. ``config.bm`` is
+    token goes to the Gluon GEMV where ``gluon_gemv_ops.gemv_launch`` takes it, 2-8 tokens to the Gluon tensor-core GEMV
+    where ``gluon_tokens_ops.tokens_launch`` does. ``config.bm`` is
     ignored (the kernel unrolls T rounded up to a power of two). ``unreduced``: split-K partial sums returned as
     they are (``triton_reduce.finish_splits``)."""
     name = type_name(qtype)
@@ -76,6 +77,9 @@ def dp4a_tokens_matmul(x: torch.Tensor, data: torch.Tensor, qtype: int, cols: in
         if tokens == 1 and chosen else None
     if launch is not None:                      # one token, a launch not given: the Gluon GEMV where it serves
         return gluon_gemv_ops.gluon_gemv(name, words, scales, sums, data, cols, x, launch, config.split, unreduced)
+    tokens_launch = gluon_tokens_ops.tokens_launch(name, data, cols, tokens, unreduced) if chosen else None
+    if tokens_launch is not None:               # 2-8 tokens of Q4_0: the tensor-core GEMV where it serves
+        return gluon_tokens_ops.gluon_tokens(words, scales, data, cols, x, tokens_launch, unreduced)
     grid_n = triton.cdiv(rows, config.bn)
     split = config.split or split_k(grid_n, cols // _tile_width(cols, max(config.bk, step)), x.device)
     while split > 1 and (cols % split or (cols // split) % step):  # each split: whole blocks
