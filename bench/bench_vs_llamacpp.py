@@ -15,8 +15,9 @@ Writes one markdown table of ratios (toolkit / llama.cpp; > 1 means toolkit is f
 JSON file with every raw number. llama.cpp's batch-1 figure is the larger of llama-bench's
 ``tg128`` and batched-bench's ``B=1`` row, so the ratio never flatters toolkit. Load: each engine's load alone in
 ``--load-runs`` fresh processes (default 5; toolkit: ``bench_load_phases``' worker, llama.cpp: a one-token
-``llama-bench -v``), the medians side by side (toolkit's single loads varied by up to 60% between processes on one
-H100 host, llama.cpp's by a few percent).
+``llama-bench -v``), one of each in turn after both engines' speed runs, the medians side by side (toolkit's single
+loads varied by up to 60% between processes on one H100 host, llama.cpp's by a few percent:
+``interleaved_load_times``).
 
     python bench/bench_vs_llamacpp.py --llama-build /tmp/llama.cpp/build --out /tmp/vs --models a.gguf b.gguf
     python bench/bench_vs_llamacpp.py --skip-llamacpp --models a.gguf      # toolkit only
@@ -161,6 +162,22 @@ def toolkit_load_times(model: str, device: str, runs: int) -> list[float]:
     return [run_once(model, device)["load_s"] for _ in range(runs)]
 
 
+def interleaved_load_times(model: str, args, ours: bool, theirs: bool) -> tuple[list[float], list[float]]:
+    """``args.load_runs`` fresh-process loads of each engine that ran (``ours``: toolkit, ``theirs``: llama.cpp),
+    alternating one of each, after flushing dirty pages (``os.sync``: the files may have just been written). Why
+    alternate: in blocks of five per engine, toolkit's median moved 0.28-0.63 s between runs on one H100 host while
+    llama.cpp's stayed within 0.29-0.36 (runs 33-34, docs/benchmarks.md), so whichever block ran in a busier moment
+    lost; alternating, both engines sample the same moments."""
+    os.sync()
+    mine, peer = [], []
+    for _ in range(args.load_runs):
+        if ours:
+            mine += toolkit_load_times(model, args.device, 1)
+        if theirs:
+            peer += llama_load_times(args.llama_build, model, 1)
+    return mine, peer
+
+
 def _load_cell(ours: dict, theirs: dict) -> str:
     """``llama.cpp / toolkit`` load seconds: the medians of the repeated fresh-process loads where both have them
     (``--load-runs``), else the one load of each engine's benchmark process."""
@@ -228,8 +245,6 @@ def main() -> None:
         res = results.setdefault(model, {})
         if not args.skip_toolkit:
             res["toolkit"] = run_toolkit(model, args, args.out)
-            if args.load_runs > 0 and "error" not in res["toolkit"]:
-                res["toolkit"]["load_runs_s"] = toolkit_load_times(model, args.device, args.load_runs)
             print(model, "toolkit", json.dumps({k: v for k, v in res["toolkit"].items() if k != "rows"}), flush=True)
         if not args.skip_llamacpp and model in args.models and args.llama_build:
             try:
@@ -239,12 +254,17 @@ def main() -> None:
                 res["llamacpp"]["batched_command"] = batched["command"]
                 if "load_s" in batched:
                     res["llamacpp"]["load_s"] = batched["load_s"]
-                if args.load_runs > 0:
-                    res["llamacpp"]["load_runs_s"] = llama_load_times(args.llama_build, model, args.load_runs)
             except (subprocess.CalledProcessError, FileNotFoundError) as exc:
                 stderr = getattr(exc, "stderr", "") or ""
                 res["llamacpp"] = {"error": f"{exc} {stderr[-2000:]}"}
             print(model, "llama.cpp", json.dumps(res["llamacpp"]), flush=True)
+        ours, theirs = ("error" not in res.get(side, {"error": None}) for side in ("toolkit", "llamacpp"))
+        if args.load_runs > 0 and (ours or theirs):
+            mine, peer = interleaved_load_times(model, args, ours, theirs)
+            for side, times in (("toolkit", mine), ("llamacpp", peer)):
+                if times:
+                    res[side]["load_runs_s"] = times
+            print(model, "loads", json.dumps({"toolkit": mine, "llamacpp": peer}), flush=True)
         (args.out / "vs_llamacpp.json").write_text(json.dumps(results, indent=2))
     text = table(results, args.batches)
     (args.out / "vs_llamacpp.md").write_text(text + "\n")

@@ -82,3 +82,20 @@ def test_repeated_llama_cpp_loads_do_the_least_and_the_table_shows_both_medians(
     assert "| 0.31 / 0.25 (median of 3 / 3) |" in module.table(results, (1,))
     del results["m.gguf"]["llamacpp"]["load_runs_s"]                  # one side without repeats: the single loads
     assert "| 0.29 / 0.90 |" in module.table(results, (1,))
+
+
+def test_repeated_loads_alternate_between_the_engines_after_a_sync(bench, monkeypatch):
+    """The repeated loads take turns (toolkit, llama.cpp, toolkit, ...) so that both engines sample the same moments
+    of the machine, after ``os.sync`` (files just written leave dirty pages); an engine that did not run (skipped or
+    failed) gets none."""
+    module, build, _ = bench
+    order = []
+    monkeypatch.setattr(module.os, "sync", lambda: order.append("sync"))
+    monkeypatch.setattr(module, "toolkit_load_times", lambda model, device, runs: order.append("toolkit") or [0.2])
+    monkeypatch.setattr(module, "llama_load_times", lambda build, model, runs: order.append("llama") or [0.3])
+    args = type("Args", (), {"load_runs": 3, "device": "cuda", "llama_build": build})()
+    assert module.interleaved_load_times("m.gguf", args, True, True) == ([0.2] * 3, [0.3] * 3)
+    assert order == ["sync"] + ["toolkit", "llama"] * 3
+    order.clear()
+    assert module.interleaved_load_times("m.gguf", args, True, False) == ([0.2] * 3, [])
+    assert order == ["sync"] + ["toolkit"] * 3
