@@ -88,7 +88,7 @@ def variants(name: str, rows: int, cols: int, tokens: int, sweep: bool, copies: 
 
 def _all_variants(name: str, rows: int, cols: int, tokens: int, sweep: bool, copies: int = 1) -> dict:
     from gguf import GGMLQuantizationType
-    from toolkit.kernels.gguf import dot16_ops, gluon_ops, reference, triton_ops
+    from toolkit.kernels.gguf import dot16_ops, gemv_launch, gluon_ops, gluon_tokens_ops, reference, triton_ops
     qtype = int(GGMLQuantizationType[name])
     weights = []
     for _ in range(copies):
@@ -116,6 +116,12 @@ def _all_variants(name: str, rows: int, cols: int, tokens: int, sweep: bool, cop
             config = triton_ops.GemvConfig(bn=bn, bk=bk, num_warps=warps, num_stages=stages, split=split)
             out[f"tokens{bn}x{bk}w{warps}s{stages}k{split or 'auto'}"] = each(
                 lambda data, dense, c=config: triton_ops.dp4a_tokens_matmul(x, data, qtype, cols, c))
+    if 2 <= tokens <= 8 and name in gluon_tokens_ops.TYPES and _gluon_runs():  # int8 mma.sync GEMV (H100/H200)
+        # both with the activations rounded to int8 blocks inside, as "tokens_default" (the dispatch's) has them
+        out["gluon_tokens"] = each(lambda data, dense: gluon_tokens_ops.gluon_tokens(
+            *triton_ops.quantize_activations(x), data, cols, x, gluon_tokens_ops.LAUNCH))
+        config = gemv_launch.tokens_config(name, tokens, rows, cols)    # a launch given: the dp4a GEMV itself
+        out["dp4a_tokens"] = each(lambda data, dense, c=config: triton_ops.dp4a_tokens_matmul(x, data, qtype, cols, c))
     if regime in ("small", "batch") and name in triton_ops.MMQ_TYPES:  # the int8 tensor-core kernel's tile shapes
         out["mmq_default"] = each(lambda data, dense: triton_ops.mmq_matmul(x, data, qtype, cols))  # mmq_config's
         for bn, warps, split, stages in MMQ_COMPARE + (MMQ_SWEEP if sweep else []):

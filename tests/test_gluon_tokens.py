@@ -27,6 +27,7 @@ def _packed(name: str, rows: int, cols: int) -> torch.Tensor:
 
 @pytest.mark.parametrize("name, rows, cols, tokens, unreduced, taken", [
     ("Q4_0", 16384, 2048, 2, False, True), ("Q4_0", 8192, 256, 8, False, True), ("Q4_0", 4096, 4096, 4, False, False),
+    ("Q4_0", 4096, 14336, 4, False, True), ("Q4_0", 4096, 14336, 3, False, False),
     ("Q4_0", 2048, 8192, 5, False, True), ("Q4_0", 2048, 8192, 4, False, False), ("Q4_0", 2048, 8192, 4, True, True),
     ("Q4_0", 3072, 2048, 8, False, False), ("Q4_0", 3072, 2048, 8, True, True), ("Q4_0", 2048, 2048, 4, True, False),
     ("Q4_0", 16384, 2048, 1, False, False), ("Q4_0", 16384, 2048, 9, False, False),
@@ -34,9 +35,9 @@ def _packed(name: str, rows: int, cols: int) -> torch.Tensor:
     ("Q8_0", 16384, 2048, 8, False, False)])
 def test_taken_by_shape_and_tokens(monkeypatch, name, rows, cols, tokens, unreduced, taken):
     """Q4_0 only, 2-8 tokens (one token has its own GEMV; 9 and more the tensor-core matmuls), rows of whole groups of
-    eight blocks (256 columns: 16-byte-aligned rows), where session 27's sweep had it ahead (``RULES``): from 8,192 rows
-    at any count, from 16M weights at 5 tokens, and where the caller takes split-K partial sums (an o or down
-    projection) from 5 tokens, or 4 at 16M weights."""
+    eight blocks (256 columns: 16-byte-aligned rows), where session 27's sweeps had it ahead (``RULES``): from 8,192
+    rows at any count, from 16M weights at 5 tokens and from 32M at 4, and where the caller takes split-K partial sums
+    (an o or down projection) from 5 tokens, or 4 at 16M weights."""
     monkeypatch.delenv("TOOLKIT_GGUF_GLUON_TOKENS", raising=False)
     monkeypatch.delenv("TOOLKIT_GGUF_GLUON_TOKENS_LAUNCH", raising=False)
     monkeypatch.setattr(gluon_tokens_ops, "_runs_on", lambda device: True)
@@ -135,7 +136,8 @@ def test_within_activation_rounding_of_gguf_py(tokens):
             assert got.shape == (tokens, rows) and got.dtype == torch.bfloat16
             assert ((got.double() - exact).abs() <= bound).all(), (rows, cols, launch)
         chosen = gluon_tokens_ops.tokens_launch("Q4_0", data, cols, tokens)
-        assert (chosen is not None) == (rows >= 8192 or (tokens >= 5 and rows * cols >= 1 << 24)), (rows, cols)
+        big = rows * cols >= 1 << 24 if tokens >= 5 else rows * cols >= 1 << 25 if tokens == 4 else False
+        assert (chosen is not None) == (rows >= 8192 or big), (rows, cols)
         if chosen is not None:
             assert torch.equal(triton_ops.gguf_matmul(x, data, int(qtype), cols),
                                gluon_tokens_ops.gluon_tokens(words, scales, data, cols, x, chosen))
