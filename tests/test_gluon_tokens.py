@@ -3,26 +3,19 @@ which calls it takes, its compiled form for an H100 (no GPU needed), and its num
 (on an H100/H200 only: no interpreter runs Gluon)."""
 from __future__ import annotations
 
-import importlib.util
 import re
 import textwrap
 
 import numpy as np
 import pytest
 import torch
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+from gguf import GGMLQuantizationType
 from gguf.quants import dequantize
 
 from toolkit.kernels.gguf import gluon_tokens_ops
 from triton_interpreter import compile_in_fresh_process, ptx_loop
 
-HAS_GLUON = importlib.util.find_spec("triton") is not None and \
-    importlib.util.find_spec("triton.experimental.gluon") is not None
-
-
-def _packed(name: str, rows: int, cols: int) -> torch.Tensor:
-    size, nbytes = GGML_QUANT_SIZES[GGMLQuantizationType[name]]
-    return torch.zeros(rows, cols // size * nbytes, dtype=torch.uint8)
+from test_gluon_gemv import HAS_GLUON, _h100, _packed  # the one-token GEMV's tests: the same checks of the machine
 
 
 @pytest.mark.parametrize("name, rows, cols, tokens, unreduced, taken", [
@@ -104,10 +97,6 @@ def test_compiled_for_sm90_one_mma_per_block_from_16_byte_loads():
         lines = ptx.splitlines()
         wait = next(i for i, line in enumerate(lines) if "griddepcontrol.wait" in line)
         assert not any("st.global" in line for line in lines[:wait])
-
-
-def _h100() -> bool:
-    return torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0) and HAS_GLUON
 
 
 @pytest.mark.gpu
