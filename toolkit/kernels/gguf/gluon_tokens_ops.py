@@ -22,7 +22,7 @@ GROUP_COLUMNS = 256               # a group of eight Q4_0 blocks: 144 bytes, nin
 LAUNCH = (1, 8)
 LAUNCH_NAMES = ("tiles", "programs_per_sm")
 # Where it replaces the dp4a GEMV: (least tokens, least rows, least rows x columns, only when the caller takes split-K
-# partial sums unreduced), the first that holds. Session 27's H100 sweep (``.dev``: CUDA graphs over weight copies
+# partial sums unreduced): taken where any holds. Session 27's H100 sweep (``.dev``: CUDA graphs over weight copies
 # beyond L2, activations' blocks attached as the norms hand them), us, this kernel at ``LAUNCH`` / the dp4a GEMV, at
 # 2, 4, 6, 8 tokens: 16384x2048 12.4 / 14.1, 14.2 / 18.0, 15.0 / 22.7, 16.4 / 23.1; 4096x14336 20.3 / 18.7, 22.0 /
 # 33.0, 23.7 / 32.0, 25.2 / 32.1; 2048x8192 9.6 / 6.7, 10.2 / 8.7, 10.9 / 13.7, 11.8 / 14.1 (unreduced 7.3 / 6.7,
