@@ -53,9 +53,9 @@ def window(first, second, t):
 
 @gluon.jit
 def _word(v, word, W: gl.constexpr):
-    """Word ``W`` of each thread's vector ``v [R, UPR, 4]`` (``word`` its word indices ``[1, 1, 4]``): ``[R, UPR]``.
-    The four words sit in one thread, so the select and sum fold to a register move."""
-    return gl.sum(gl.where(word == W, v, 0), axis=2)
+    """Word ``W`` of each thread's vector ``v [..., 4]`` (``word`` its word indices, ``[1, ..., 1, 4]``): ``v``
+    without its last axis. The four words sit in one thread, so the select and sum fold to a register move."""
+    return gl.sum(gl.where(word == W, v, 0), axis=len(v.shape) - 1)
 
 
 @gluon.jit

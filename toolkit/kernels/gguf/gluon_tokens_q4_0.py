@@ -33,7 +33,7 @@ from __future__ import annotations
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
-from .gluon_gemv_q4_0 import GROUP_BYTES, window
+from .gluon_gemv_q4_0 import GROUP_BYTES, _word, window
 from .gluon_gemv_q6k import funnel
 from .gluon_pipeline import wait_for_previous
 from .triton_words import half_bits
@@ -59,13 +59,6 @@ BLOCK_PTX = gl.constexpr(
     "mov.b32 f, c3; fma.rn.f32 f, f, $11, $13; fma.rn.f32 $3, f, $9, $17; }")
 MAGIC = gl.constexpr(0x4B400000)
 MAGIC_FLOAT = gl.constexpr(12582912.0)   # 1.5 * 2^23
-
-
-@gluon.jit
-def _first_word(v, word):
-    """Word 0 of each thread's vector ``v [..., 4]`` (``word`` its word indices on the last axis, in-thread): a
-    register move once compiled."""
-    return gl.sum(gl.where(word == 0, v, 0), axis=len(v.shape) - 1)
 
 
 @gluon.jit
@@ -152,7 +145,7 @@ def gluon_tokens_q4_0_kernel(xq_ptr, xd_ptr, w_ptr, out_ptr, T, N, K_SPLIT, row_
         q_a = gl.convert_layout(funnel(first, second, 2), frag)                      # block 2s, word c
         q_b = gl.convert_layout(funnel(second, window(v2, v2, t_load), 4), frag)     # block 2s + 1
         # both blocks' fp16 d in one word: block 2t's is the low half of word 9t, block 2t + 1's the high of 9t + 4
-        d_pair = gl.convert_layout((_first_word(first, word) & 0xFFFF) | (_first_word(second, word) & 0xFFFF0000),
+        d_pair = gl.convert_layout((_word(first, word, 0) & 0xFFFF) | (_word(second, word, 0) & 0xFFFF0000),
                                    gl.SliceLayout(3, frag))
         d_a = gl.expand_dims(half_bits(d_pair), 3)
         d_b = gl.expand_dims(half_bits(d_pair >> 16), 3)
