@@ -81,17 +81,12 @@ def llama_bench(build: Path, model: str, prompt: int, gen: int) -> dict:
     return result
 
 
-def llama_load_times(build: Path, model: str, runs: int) -> list[float]:
-    """llama.cpp's load time (``_load_time``: llama-bench's ``-v`` log; batched-bench prints none) in ``runs`` fresh
-    processes of ``llama-bench`` doing the least it can (one generated token, once): the peer of
-    ``toolkit_load_times``."""
+def llama_load_time(build: Path, model: str) -> float | None:
+    """llama.cpp's load time (``_load_time``: llama-bench's ``-v`` log; batched-bench prints none) in a fresh process
+    of ``llama-bench`` doing the least it can (one generated token, once), None where its log has none: the peer of
+    ``toolkit_load_time``."""
     cmd = _llama_bench_command(build, model, 0, 1, "-r", "1")
-    times = []
-    for _ in range(runs):
-        parsed = _load_time(subprocess.run(cmd, capture_output=True, text=True, check=True).stderr)
-        if "load_s" in parsed:
-            times.append(parsed["load_s"])
-    return times
+    return _load_time(subprocess.run(cmd, capture_output=True, text=True, check=True).stderr).get("load_s")
 
 
 def llama_batched_bench(build: Path, model: str, batches, input_len: int, output_len: int) -> dict:
@@ -154,12 +149,12 @@ def run_toolkit(model: str, args, scratch: Path) -> dict:
     return result
 
 
-def toolkit_load_times(model: str, device: str, runs: int) -> list[float]:
-    """``toolkit.load`` (weights and tokenizer) in ``runs`` fresh processes, each after ``import torch`` and the
-    device's own start-up (``bench_load_phases``' worker)."""
+def toolkit_load_time(model: str, device: str) -> float:
+    """``toolkit.load`` (weights and tokenizer) in a fresh process, after ``import torch`` and the device's own
+    start-up (``bench_load_phases``' worker)."""
     from bench_load_phases import run_once  # noqa: PLC0415 - a sibling script of bench/
 
-    return [run_once(model, device)["load_s"] for _ in range(runs)]
+    return run_once(model, device)["load_s"]
 
 
 def interleaved_load_times(model: str, args, ours: bool, theirs: bool) -> tuple[list[float], list[float]]:
@@ -172,9 +167,9 @@ def interleaved_load_times(model: str, args, ours: bool, theirs: bool) -> tuple[
     mine, peer = [], []
     for _ in range(args.load_runs):
         if ours:
-            mine += toolkit_load_times(model, args.device, 1)
-        if theirs:
-            peer += llama_load_times(args.llama_build, model, 1)
+            mine.append(toolkit_load_time(model, args.device))
+        if theirs and (seconds := llama_load_time(args.llama_build, model)) is not None:
+            peer.append(seconds)
     return mine, peer
 
 
@@ -258,7 +253,7 @@ def main() -> None:
                 stderr = getattr(exc, "stderr", "") or ""
                 res["llamacpp"] = {"error": f"{exc} {stderr[-2000:]}"}
             print(model, "llama.cpp", json.dumps(res["llamacpp"]), flush=True)
-        ours, theirs = ("error" not in res.get(side, {"error": None}) for side in ("toolkit", "llamacpp"))
+        ours, theirs = (side in res and "error" not in res[side] for side in ("toolkit", "llamacpp"))
         if args.load_runs > 0 and (ours or theirs):
             mine, peer = interleaved_load_times(model, args, ours, theirs)
             for side, times in (("toolkit", mine), ("llamacpp", peer)):

@@ -73,7 +73,7 @@ def test_repeated_llama_cpp_loads_do_the_least_and_the_table_shows_both_medians(
                    "llama_perf_context_print:        load time =     310.00 ms\n"])
     module.subprocess.run = lambda cmd, **kwargs: calls.append(cmd) or subprocess.CompletedProcess(cmd, 0, "",
                                                                                                    next(stderr))
-    assert module.llama_load_times(build, "m.gguf", 3) == [0.3, 0.35, 0.31]
+    assert [module.llama_load_time(build, "m.gguf") for _ in range(3)] == [0.3, 0.35, 0.31]
     assert calls[0][0].endswith("llama-bench") and calls[0][-1] == "-v"
     flags = dict(zip(calls[0][1:-1:2], calls[0][2:-1:2]))
     assert (flags["-p"], flags["-n"], flags["-r"], flags["-ngl"]) == ("0", "1", "1", "99")
@@ -91,8 +91,8 @@ def test_repeated_loads_alternate_between_the_engines_after_a_sync(bench, monkey
     module, build, _ = bench
     order = []
     monkeypatch.setattr(module.os, "sync", lambda: order.append("sync"))
-    monkeypatch.setattr(module, "toolkit_load_times", lambda model, device, runs: order.append("toolkit") or [0.2])
-    monkeypatch.setattr(module, "llama_load_times", lambda build, model, runs: order.append("llama") or [0.3])
+    monkeypatch.setattr(module, "toolkit_load_time", lambda model, device: order.append("toolkit") or 0.2)
+    monkeypatch.setattr(module, "llama_load_time", lambda build, model: order.append("llama") or 0.3)
     args = type("Args", (), {"load_runs": 3, "device": "cuda", "llama_build": build})()
     assert module.interleaved_load_times("m.gguf", args, True, True) == ([0.2] * 3, [0.3] * 3)
     assert order == ["sync"] + ["toolkit", "llama"] * 3
