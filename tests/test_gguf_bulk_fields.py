@@ -80,3 +80,25 @@ def test_numeric_values_view_the_file(tmp_path):
     field = open_reader(path).fields["test.floats"]
     assert field.values.dtype == np.float32 and field.values.tolist() == [0.25, 4.0]
     assert bytes(field.value_bytes())[-8:] == np.array([0.25, 4.0], np.float32).tobytes()
+
+
+def test_tensor_table_and_scalars_match_gguf_py(tmp_path):
+    """``FastGGUFReader._get`` slices a plain view of the map, not gguf-py's memmap: the same tensor
+    table (names, types, shapes, offsets, bytes) and the same scalar fields, as arrays of the file."""
+    from gguf import GGMLQuantizationType as Q
+
+    from gguf_fixtures import Spec, write_model
+
+    path = write_model(tmp_path / "tiny.gguf", Spec("llama", Q.Q4_0, types={"attn_v": Q.Q8_0, "ffn_down": Q.F16}))
+    ours, theirs = open_reader(path), GGUFReader(str(path))
+    assert [t.name for t in ours.tensors] == [t.name for t in theirs.tensors]
+    for mine, its in zip(ours.tensors, theirs.tensors):
+        assert (mine.tensor_type, mine.n_elements, mine.n_bytes, mine.data_offset) == \
+            (its.tensor_type, its.n_elements, its.n_bytes, its.data_offset), its.name
+        assert mine.shape.tolist() == its.shape.tolist() and mine.data.shape == its.data.shape, its.name
+        assert np.array_equal(np.asarray(mine.data), np.asarray(its.data)), its.name
+    scalars = [key for key, field in theirs.fields.items() if len(field.data) == 1]
+    assert scalars and ours.data_offset == theirs.data_offset and ours.alignment == theirs.alignment
+    for key in scalars:
+        assert ours.fields[key].contents() == theirs.fields[key].contents(), key
+    assert not isinstance(ours.tensors[0].data, np.memmap)  # the faster path is the one taken
