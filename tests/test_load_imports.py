@@ -2,8 +2,8 @@
 
 Imports are most of the load's time beyond the real work (bench/bench_load_phases.py): a GGUF
 load must not import other formats' readers and writers, the bnb schemes, the batching engine,
-transformers, or (on CUDA) Triton and the Triton kernel modules, which register as stand-ins and
-load on the first kernel call.
+transformers, other architectures' modules, or (on CUDA) Triton and the Triton kernel modules,
+which register as stand-ins and load on the first kernel call.
 """
 from __future__ import annotations
 
@@ -37,7 +37,11 @@ NOT_DURING = ("transformers", "safetensors", "bitsandbytes", "triton", "typer", 
               "toolkit.plugins.loaders.safetensors.writer", "toolkit.plugins.loaders.sharded.checkpoint",
               "toolkit.plugins.loaders.sharded.writer", "toolkit.plugins.loaders.tensorizer.checkpoint",
               "toolkit.plugins.loaders.bnb.checkpoint", "toolkit.plugins.quant.bnb.scheme",
-              "toolkit.kernels.gguf.triton_ops", "toolkit.kernels.attention.ops", "toolkit.kernels.fused.ops")
+              "toolkit.kernels.gguf.triton_ops", "toolkit.kernels.attention.ops", "toolkit.kernels.fused.ops",
+              # other architectures' modules: the model plugins register them deferred (core/deferred.py)
+              "toolkit.plugins.models.gemma3", "toolkit.plugins.models.mixtral", "toolkit.plugins.models.qwen_moe",
+              "toolkit.plugins.models.qwen3_hybrid", "toolkit.plugins.models.gated_deltanet",
+              "toolkit.plugins.models.qwen")
 
 
 def _load_in_fresh_process(path, device: str) -> dict:

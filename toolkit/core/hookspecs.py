@@ -68,6 +68,11 @@ def register_architectures(register):
         @hookimpl
         def register_architectures(register):
             register(ModelArch(name="llama", aliases=("LlamaForCausalLM", "mistral"), ...))
+
+    Or, so that registering imports none of the model's code, a
+    :class:`toolkit.core.deferred.Deferred` naming the object and what the registry indexes it by::
+
+        register(Deferred("my_plugin.model:ARCH", name="mine", aliases=("MineForCausalLM",)))
     """
 
 
@@ -85,6 +90,8 @@ def register_name_maps(register):
         @hookimpl
         def register_name_maps(register):
             register(TableNameMap(format="npz", architecture="llama", table={"tok": "model.embed_tokens.weight"}))
+
+    A :class:`toolkit.core.deferred.Deferred` with ``format`` and ``architecture`` defers the import.
     """
 
 

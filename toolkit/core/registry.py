@@ -2,13 +2,15 @@
 
 The registry calls each plugin's hook implementations one plugin at a time, so that it
 knows who registered what: two plugins claiming one name is a PluginConflictError
-naming both.
+naming both. An architecture or name map may be registered as a ``Deferred`` (deferred.py):
+the tables hold the entry, and the lookups return its object, imported on first use.
 """
 from __future__ import annotations
 
 import functools
 from typing import Any, Callable
 
+from .deferred import resolved
 from .errors import PluginConflictError, PluginError, UnknownArchitectureError, UnknownNameError
 from .plugins import PluginSet
 
@@ -97,14 +99,14 @@ class Registry:
         """The first candidate (HF architectures entry, model_type, ...) some plugin answers to."""
         for name in candidates:
             if name and name in self.arch_aliases:
-                return self.arch_aliases[name]
+                return resolved(self.arch_aliases[name])
         wanted = next((c for c in candidates if c), "(none given)")
         raise UnknownArchitectureError(wanted, sorted(self.arch_aliases))
 
     def name_map(self, fmt: str, arch_name: str):
         for key in ((fmt, arch_name), (fmt, "*")):
             if key in self.name_maps:
-                return self.name_maps[key]
+                return resolved(self.name_maps[key])
         raise UnknownNameError("name map", f"{fmt}:{arch_name}", [f"{f}:{a}" for f, a in self.name_maps])
 
 

@@ -31,7 +31,6 @@ from toolkit.core.arch import ModelArch
 from toolkit.core.config import ModelConfig, base_fields, eos_ids
 from toolkit.core import validate as v
 from toolkit.core.errors import CheckpointError
-from toolkit.core.hookspecs import hookimpl
 from toolkit.core.layers import AttentionMetadata, RMSNorm
 from toolkit.core.names import HFNameMap, MappedName, NameContext
 
@@ -209,13 +208,4 @@ class Gemma3SafetensorsNames:
 
 GEMMA3 = ModelArch(name="gemma3", config_from=config_from, build=build, packed_modules=PACKED_MODULES,
                    aliases=("Gemma3ForCausalLM", "gemma3_text", "Gemma3ForConditionalGeneration"))
-
-
-@hookimpl
-def register_architectures(register):
-    register(GEMMA3)
-
-
-@hookimpl
-def register_name_maps(register):
-    register(Gemma3SafetensorsNames())
+GEMMA3_NAMES = Gemma3SafetensorsNames()

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 from toolkit.core.arch import ModelArch
 from toolkit.core.config import ModelConfig, base_fields
-from toolkit.core.hookspecs import hookimpl
 
 from .decoder import PACKED_MODULES, AttentionOptions, CausalLM, DecoderModel, LlamaDecoderLayer
 
@@ -26,7 +25,3 @@ def build(config: ModelConfig, quant, parallel) -> CausalLM:
 LLAMA = ModelArch(name="llama", config_from=config_from, build=build, packed_modules=PACKED_MODULES,
                   aliases=("LlamaForCausalLM", "MistralForCausalLM", "mistral"))
 
-
-@hookimpl
-def register_architectures(register):
-    register(LLAMA)

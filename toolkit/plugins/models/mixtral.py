@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from toolkit.core.arch import ModelArch
 from toolkit.core.config import base_fields
-from toolkit.core.hookspecs import hookimpl
 
 from .decoder import PACKED_MODULES, AttentionOptions, CausalLM, DecoderModel
 from .moe import MIXTRAL_EXPERT_LEAVES, MoEConfig, MoEDecoderLayer, MoENameMap, moe_fields
@@ -32,14 +31,5 @@ def build(config: MoEConfig, quant, parallel) -> CausalLM:
 
 MIXTRAL = ModelArch(name="mixtral", config_from=config_from, build=build, packed_modules=PACKED_MODULES,
                     aliases=("MixtralForCausalLM",))
-
-
-@hookimpl
-def register_architectures(register):
-    register(MIXTRAL)
-
-
-@hookimpl
-def register_name_maps(register):
-    register(MoENameMap(format="safetensors", architecture="mixtral", expert_leaves=MIXTRAL_EXPERT_LEAVES,
-                        block_names={"block_sparse_moe": "mlp"}))
+MIXTRAL_NAMES = MoENameMap(format="safetensors", architecture="mixtral", expert_leaves=MIXTRAL_EXPERT_LEAVES,
+                           block_names={"block_sparse_moe": "mlp"})

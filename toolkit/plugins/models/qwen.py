@@ -3,7 +3,6 @@ from __future__ import annotations
 
 from toolkit.core.arch import ModelArch
 from toolkit.core.config import ModelConfig, base_fields
-from toolkit.core.hookspecs import hookimpl
 
 from .decoder import PACKED_MODULES, AttentionOptions, CausalLM, DecoderModel, LlamaDecoderLayer
 
@@ -35,8 +34,3 @@ QWEN2 = ModelArch(name="qwen2", config_from=qwen2_config, build=_builder(qkv_bia
 QWEN3 = ModelArch(name="qwen3", config_from=qwen3_config, build=_builder(qkv_bias=None, qk_norm=True),
                   packed_modules=PACKED_MODULES, aliases=("Qwen3ForCausalLM",))
 
-
-@hookimpl
-def register_architectures(register):
-    register(QWEN2)
-    register(QWEN3)

@@ -30,7 +30,6 @@ from torch import nn
 from toolkit.core.arch import ModelArch
 from toolkit.core.config import base_fields, eos_ids
 from toolkit.core.errors import CheckpointError, MissingMetadataError
-from toolkit.core.hookspecs import hookimpl
 from toolkit.core.layers import (Attention, AttentionMetadata, QKVParallelLinear, RMSNorm, RotaryEmbedding,
                                  RowParallelLinear)
 from toolkit.core.names import MappedName, NameContext
@@ -228,15 +227,4 @@ QWEN3_5_MOE = ModelArch(name="qwen3_5_moe", config_from=_builder_config("qwen3_5
                         aliases=("Qwen3_5MoeForCausalLM", "qwen3_5_moe_text", "Qwen3_5MoeForConditionalGeneration",
                                  "qwen3_5_moe"))
 HYBRID_ARCHS = (QWEN3_5, QWEN3_NEXT, QWEN3_5_MOE)
-
-
-@hookimpl
-def register_architectures(register):
-    for arch in HYBRID_ARCHS:
-        register(arch)
-
-
-@hookimpl
-def register_name_maps(register):
-    for arch in HYBRID_ARCHS:
-        register(HybridSafetensorsNames(arch.name))
+QWEN3_5_NAMES, QWEN3_NEXT_NAMES, QWEN3_5_MOE_NAMES = (HybridSafetensorsNames(arch.name) for arch in HYBRID_ARCHS)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from toolkit.core.arch import ModelArch
 from toolkit.core.config import base_fields
-from toolkit.core.hookspecs import hookimpl
 
 from .decoder import PACKED_MODULES, AttentionOptions, CausalLM, DecoderModel
 from .moe import MoEConfig, MoEDecoderLayer, MoENameMap, moe_fields
@@ -38,14 +37,5 @@ QWEN2_MOE = ModelArch(name="qwen2_moe", config_from=qwen2_moe_config, build=_bui
 QWEN3_MOE = ModelArch(name="qwen3_moe", config_from=qwen3_moe_config, build=_builder(qwen3=True),
                       packed_modules=PACKED_MODULES, aliases=("Qwen3MoeForCausalLM",))
 
-
-@hookimpl
-def register_architectures(register):
-    register(QWEN2_MOE)
-    register(QWEN3_MOE)
-
-
-@hookimpl
-def register_name_maps(register):
-    register(MoENameMap(format="safetensors", architecture="qwen2_moe"))
-    register(MoENameMap(format="safetensors", architecture="qwen3_moe"))
+QWEN2_MOE_NAMES = MoENameMap(format="safetensors", architecture="qwen2_moe")
+QWEN3_MOE_NAMES = MoENameMap(format="safetensors", architecture="qwen3_moe")
