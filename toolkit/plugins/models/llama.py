@@ -24,4 +24,3 @@ def build(config: ModelConfig, quant, parallel) -> CausalLM:
 
 LLAMA = ModelArch(name="llama", config_from=config_from, build=build, packed_modules=PACKED_MODULES,
                   aliases=("LlamaForCausalLM", "MistralForCausalLM", "mistral"))
-

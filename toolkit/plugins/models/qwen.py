@@ -33,4 +33,3 @@ QWEN2 = ModelArch(name="qwen2", config_from=qwen2_config, build=_builder(qkv_bia
                   packed_modules=PACKED_MODULES, aliases=("Qwen2ForCausalLM",))
 QWEN3 = ModelArch(name="qwen3", config_from=qwen3_config, build=_builder(qkv_bias=None, qk_norm=True),
                   packed_modules=PACKED_MODULES, aliases=("Qwen3ForCausalLM",))
-
