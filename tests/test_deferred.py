@@ -96,3 +96,16 @@ def test_registering_the_builtins_imports_no_model_module():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert eval(done.stdout.strip().splitlines()[-1]) == ["toolkit.plugins.models.registrations"]
+
+
+def test_toolkit_plugins_imports_deferred_entries_and_shows_their_failures(plugin_dir):
+    (plugin_dir / f"{PLUGIN}.py").write_text(PLUGIN_SOURCE.format(module="tk_test_missing_model",
+                                                                  aliases=("LazyForCausalLM",)))
+    plugins = PluginSet()
+    plugins.add_module("lazy", PLUGIN)
+    registry = Registry(plugins)
+    assert plugins.infos["lazy"].error is None  # registering imported nothing, so nothing failed yet
+    registry.check_deferred()
+    assert "tk_test_missing_model" in plugins.infos["lazy"].error
+    with pytest.raises(PluginError, match="tk_test_missing_model"):
+        registry.architecture("lazy-arch")

@@ -128,7 +128,9 @@ def plugins_command(as_json: Annotated[bool, typer.Option("--json", help="Print 
 
     Example:  toolkit plugins --json
     """
-    rows = plugin_rows(current_registry())
+    registry = current_registry()
+    registry.check_deferred()  # what registered without importing is imported here, to show its errors
+    rows = plugin_rows(registry)
     if as_json:
         typer.echo(json.dumps(rows, indent=2))
         return

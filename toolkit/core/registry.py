@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 from typing import Any, Callable
 
-from .deferred import resolved
+from .deferred import Deferred, resolved
 from .errors import PluginConflictError, PluginError, UnknownArchitectureError, UnknownNameError
 from .plugins import PluginSet
 
@@ -83,6 +83,23 @@ class Registry:
         if info is not None:
             info.registers.setdefault("kernel op", []).append(f"{op_name} ({device})")
         self.kernels.append((op_name, impl, device, priority, owner))
+
+    def check_deferred(self) -> None:
+        """Import every deferred entry, recording a failure as its plugin's error. ``toolkit plugins``
+        calls this, so that a model module that does not import is shown there, as a plugin module
+        that does not import is; a load imports only what it looks up."""
+        tables = (("architecture", {name: name for name in self.architectures}, self.architectures),
+                  ("name map", {key: f"{key[0]}:{key[1]}" for key in self.name_maps}, self.name_maps))
+        for kind, claimed, table in tables:
+            for key, entry in table.items():
+                if not isinstance(entry, Deferred):
+                    continue
+                try:
+                    entry.resolve()
+                except PluginError as exc:
+                    info = self.plugins.infos.get(self._owners.get((kind, claimed[key]), ""))
+                    if info is not None and info.error is None:
+                        info.error = str(exc)
 
     # ---- lookups -------------------------------------------------------------------------
     def loader(self, name: str):
