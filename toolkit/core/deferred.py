@@ -26,8 +26,8 @@ class Deferred:
     attributes the registry reads before that (set on this entry too)."""
 
     def __init__(self, target: str, **known: Any):
-        module, _, attribute = target.partition(":")
-        if not module or not attribute:
+        self._module, _, self._attribute = target.partition(":")
+        if not self._module or not self._attribute:
             raise PluginError(f"a deferred registration needs 'module:attribute', got {target!r}")
         self.target, self.known = target, known
         for key, value in known.items():
@@ -44,9 +44,8 @@ class Deferred:
         return self._object
 
     def _import(self) -> Any:
-        module_name, _, attribute = self.target.partition(":")
         try:
-            found = getattr(importlib.import_module(module_name), attribute)
+            found = getattr(importlib.import_module(self._module), self._attribute)
         except (ImportError, AttributeError) as exc:
             raise PluginError(f"deferred registration {self.target}: {type(exc).__name__}: {exc}") from exc
         for key, value in self.known.items():

@@ -75,7 +75,7 @@ class Registry:
 
     def _add_name_map(self, owner: str, name_map) -> None:
         key = (name_map.format, name_map.architecture)
-        self._claim("name map", f"{key[0]}:{key[1]}", owner)
+        self._claim("name map", _name_map_key(key), owner)
         self.name_maps[key] = name_map
 
     def _add_kernel(self, owner: str, op_name: str, impl: Callable, device: str = "any", priority: int = 0) -> None:
@@ -88,18 +88,17 @@ class Registry:
         """Import every deferred entry, recording a failure as its plugin's error. ``toolkit plugins``
         calls this, so that a model module that does not import is shown there, as a plugin module
         that does not import is; a load imports only what it looks up."""
-        tables = (("architecture", {name: name for name in self.architectures}, self.architectures),
-                  ("name map", {key: f"{key[0]}:{key[1]}" for key in self.name_maps}, self.name_maps))
-        for kind, claimed, table in tables:
-            for key, entry in table.items():
-                if not isinstance(entry, Deferred):
-                    continue
-                try:
-                    entry.resolve()
-                except PluginError as exc:
-                    info = self.plugins.infos.get(self._owners.get((kind, claimed[key]), ""))
-                    if info is not None and info.error is None:
-                        info.error = str(exc)
+        entries = [(("architecture", name), entry) for name, entry in self.architectures.items()]
+        entries += [(("name map", _name_map_key(key)), entry) for key, entry in self.name_maps.items()]
+        for claim, entry in entries:
+            if not isinstance(entry, Deferred):
+                continue
+            try:
+                entry.resolve()
+            except PluginError as exc:
+                info = self.plugins.infos.get(self._owners.get(claim, ""))
+                if info is not None and info.error is None:
+                    info.error = str(exc)
 
     # ---- lookups -------------------------------------------------------------------------
     def loader(self, name: str):
@@ -124,7 +123,12 @@ class Registry:
         for key in ((fmt, arch_name), (fmt, "*")):
             if key in self.name_maps:
                 return resolved(self.name_maps[key])
-        raise UnknownNameError("name map", f"{fmt}:{arch_name}", [f"{f}:{a}" for f, a in self.name_maps])
+        raise UnknownNameError("name map", _name_map_key((fmt, arch_name)), [_name_map_key(k) for k in self.name_maps])
+
+
+def _name_map_key(key: tuple[str, str]) -> str:
+    """``format:architecture``: how a name map's key is claimed and shown."""
+    return f"{key[0]}:{key[1]}"
 
 
 @functools.lru_cache(maxsize=1)
