@@ -23,6 +23,7 @@ from .names import MappedName, NameContext
 from .parallel import SINGLE, ParallelContext
 from .quant import DEFAULT_SCHEME, QuantScheme
 from .registry import Registry, default_registry
+from .release import release
 from .report import LoadReport
 from .tensor_checks import check_against_checkpoint
 from .transfer import staged_copies
@@ -264,7 +265,9 @@ def _load_local(reference, load_config: LoadConfig, *, parallel: ParallelContext
         with report.phase("tokenizer"):
             tokenizer = _tokenizer(checkpoint, load_config)
     finally:
-        checkpoint.close()
+        handed_over = [checkpoint]
+        del checkpoint  # the release thread holds the last reference (release.py says why)
+        release(handed_over)
     return model, arch, config, scheme, tokenizer, report
 
 
