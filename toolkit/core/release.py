@@ -1,7 +1,7 @@
 """A loaded checkpoint closed and dropped on a background thread.
 
 Why: dropping a checkpoint unmaps its files, and unmapping a map that a load read through tears
-down one page-table entry per 4 KiB page it touched: 25-32 ms for a 0.9 GB GGUF file on the
+down one page-table entry per 4 KiB page it touched: 25-32 ms for a 0.9 GB model file on the
 2-core dev box (``.dev/s29/gil_unmap.py``), in proportion for larger files, and all of it on the
 load's critical path, after the last weight is placed. ``munmap`` runs without the GIL, so on its
 own thread it overlaps whatever the caller does next (the same box: a Python loop on the main thread
