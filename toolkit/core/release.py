@@ -48,6 +48,6 @@ def _close_all(handed_over: list) -> None:
         try:
             checkpoint.close()
         except Exception as exc:  # noqa: BLE001 - the load has finished; a close failure loses nothing
-            warnings.warn(f"closing {type(checkpoint).__name__} after the load failed: {type(exc).__name__}: {exc}",
-                          RuntimeWarning, stacklevel=1)
+            warnings.warn(f"could not close the {type(checkpoint).__name__} after the load: "
+                          f"{type(exc).__name__}: {exc}", RuntimeWarning, stacklevel=1)
         del checkpoint  # the last reference: its maps are unmapped here
