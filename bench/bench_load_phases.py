@@ -16,7 +16,8 @@ time minus those phases), the garbage collector's pauses inside the load (throug
 ``__init__`` brings ``yaml`` and ``sentencepiece``; ``triton``, ``transformers``, ``jinja2``,
 ``safetensors`` it should not import). Printed: the median of each over the runs, and
 ``load_s`` per run with its minimum and the process's CPU time (steadier than wall time on a
-shared machine).
+shared machine), and how long after the load returned its background release finished (the
+checkpoint closed and its files unmapped: ``core/release.py``).
 
 This is a profile, not a ratio against a peer: bench/bench_vs_llamacpp.py puts ``toolkit.load``
 beside llama.cpp's load time. Run it on a quiet machine; name the machine with the figures.
@@ -60,8 +61,14 @@ start, cpu_start = time.perf_counter(), time.process_time()
 loaded = toolkit.load(path, device=device)
 if device.startswith("cuda"):
     torch.cuda.synchronize()
-load_s, load_cpu_s = time.perf_counter() - start, time.process_time() - cpu_start
+load_end = time.perf_counter()
+load_s, load_cpu_s = load_end - start, time.process_time() - cpu_start
 gc.callbacks.remove(on_gc)
+import threading
+from toolkit.core import release
+released_at = []  # when the checkpoint's background release (the file's unmapping) finished
+watcher = threading.Thread(target=lambda: (release.wait(), released_at.append(time.perf_counter())))
+watcher.start()
 if profile_top:
     profiler.disable()
     for order in ("cumulative", "tottime"):
@@ -77,7 +84,9 @@ if first_token:  # what llama-bench's "load time" also covers: the first evaluat
         torch.cuda.synchronize()
     first_s = time.perf_counter() - start
     first_heavy = sorted(w for w in watch if w in set(sys.modules) - before_first)
+watcher.join()
 print(json.dumps({"import_toolkit_s": import_s, "load_s": load_s, "load_cpu_s": load_cpu_s, "phases": phases,
+                  "released_after_s": released_at[0] - load_end,
                   "other_s": load_s - sum(phases.values()),
                   "gc_s": sum(s for _, s in pauses), "gc_full": sum(1 for g, _ in pauses if g == 2),
                   "modules_imported": len(new),
@@ -111,6 +120,7 @@ def summarize(runs: list[dict]) -> dict:
             "load_cpu_s": med([r["load_cpu_s"] for r in runs]),
             "phases": {name: med([r["phases"].get(name, 0.0) for r in runs]) for name in phase_names},
             "other_s": med([r["other_s"] for r in runs]),
+            "released_after_s": med([r.get("released_after_s", 0.0) for r in runs]),
             "gc_s": med([r["gc_s"] for r in runs]),
             "gc_full": med([r["gc_full"] for r in runs]),
             "modules_imported": med([r["modules_imported"] for r in runs]),
@@ -146,14 +156,17 @@ def main() -> None:
     for name, seconds in summary["phases"].items():
         print(f"    {name:<14} {seconds:.3f} s")
     print(f"    {'other':<14} {summary['other_s']:.3f} s   (load minus the phases)")
-    print(f"  gc pauses        {summary['gc_s']:.3f} s, {summary['gc_full']:g} full collection(s), anywhere in the load")
+    print(f"  released         {summary['released_after_s']:.3f} s after the load returned (the checkpoint closed "
+          f"and its files unmapped in the background: core/release.py)")
+    print(f"  gc pauses        {summary['gc_s']:.3f} s, {summary['gc_full']:g} full collection(s), "
+          f"anywhere in the load")
     print(f"  modules imported by the load: {summary['modules_imported']:g}; of the watched packages: "
           f"{', '.join(summary['heavy_imported']) or 'none'}")
     if summary["first_token_s"] is not None:
         print(f"  first token      {summary['first_token_s']:.3f} s after the load (imported: "
               f"{', '.join(summary['first_token_imported']) or 'none of the watched packages'})")
     if args.profile:
-        print(f"\ncProfile of one more load (slower than unprofiled; for where, not how long):")
+        print("\ncProfile of one more load (slower than unprofiled; for where, not how long):")
         run_once(args.path, device, args.profile)
     if args.json:
         with open(args.json, "w") as handle:
