@@ -64,10 +64,14 @@ if device.startswith("cuda"):
 load_end = time.perf_counter()
 load_s, load_cpu_s = load_end - start, time.process_time() - cpu_start
 gc.callbacks.remove(on_gc)
-import threading
-from toolkit.core import release
+import importlib.util, threading
 released_at = []  # when the checkpoint's background release (the file's unmapping) finished
-watcher = threading.Thread(target=lambda: (release.wait(), released_at.append(time.perf_counter())))
+def watch_release():
+    if importlib.util.find_spec("toolkit.core.release") is not None:  # absent in code before it (A/B runs)
+        from toolkit.core import release
+        release.wait()
+    released_at.append(time.perf_counter())
+watcher = threading.Thread(target=watch_release)
 watcher.start()
 if profile_top:
     profiler.disable()
