@@ -52,7 +52,7 @@ def window(first, second, t):
 
 
 @gluon.jit
-def _word(v, word, W: gl.constexpr):
+def lane_word(v, word, W: gl.constexpr):
     """Word ``W`` of each thread's vector ``v [..., 4]`` (``word`` its word indices, ``[1, ..., 1, 4]``): ``v``
     without its last axis. The four words sit in one thread, so the select and sum fold to a register move."""
     return gl.sum(gl.where(word == W, v, 0), axis=len(v.shape) - 1)
@@ -101,6 +101,6 @@ def gluon_gemv_q4_0_kernel(xq_ptr, xd_ptr, w_ptr, out_ptr, N, K_SPLIT, row_bytes
         last = window(v2, v2, t)                                      # word t+8 first
         x = xq_ptr + 64 * group + x_words
         xd_a, xd_b = _floats(xd_ptr + 8 * group + x_blocks)
-        acc += _block(funnel(first, second, 2), _word(first, word, 0), gl.load(x), gl.load(x + 4), xd_a)
-        acc += _block(funnel(second, last, 4), _word(second, word, 0) >> 16, gl.load(x + 8), gl.load(x + 12), xd_b)
+        acc += _block(funnel(first, second, 2), lane_word(first, word, 0), gl.load(x), gl.load(x + 4), xd_a)
+        acc += _block(funnel(second, last, 4), lane_word(second, word, 0) >> 16, gl.load(x + 8), gl.load(x + 12), xd_b)
     store_rows(out_ptr, acc, offs_n, N)

@@ -33,7 +33,7 @@ from __future__ import annotations
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
-from .gluon_gemv_q4_0 import GROUP_BYTES, _word, window
+from .gluon_gemv_q4_0 import GROUP_BYTES, lane_word, window
 from .gluon_gemv_q6k import funnel
 from .gluon_pipeline import wait_for_previous
 from .triton_words import half_bits
@@ -145,7 +145,7 @@ def gluon_tokens_q4_0_kernel(xq_ptr, xd_ptr, w_ptr, out_ptr, T, N, K_SPLIT, row_
         q_a = gl.convert_layout(funnel(first, second, 2), frag)                      # block 2s, word c
         q_b = gl.convert_layout(funnel(second, window(v2, v2, t_load), 4), frag)     # block 2s + 1
         # both blocks' fp16 d in one word: block 2t's is the low half of word 9t, block 2t + 1's the high of 9t + 4
-        d_pair = gl.convert_layout((_word(first, word, 0) & 0xFFFF) | (_word(second, word, 0) & 0xFFFF0000),
+        d_pair = gl.convert_layout((lane_word(first, word, 0) & 0xFFFF) | (lane_word(second, word, 0) & 0xFFFF0000),
                                    gl.SliceLayout(3, frag))
         d_a = gl.expand_dims(half_bits(d_pair), 3)
         d_b = gl.expand_dims(half_bits(d_pair >> 16), 3)
