@@ -21,6 +21,7 @@ loads varied by up to 60% between processes on one H100 host, llama.cpp's by a f
 
     python bench/bench_vs_llamacpp.py --llama-build /tmp/llama.cpp/build --out /tmp/vs --models a.gguf b.gguf
     python bench/bench_vs_llamacpp.py --skip-llamacpp --models a.gguf      # toolkit only
+    python bench/bench_vs_llamacpp.py --llama-build B --loads-only --load-runs 12 --models a.gguf  # loads alone
     python bench/bench_vs_llamacpp.py --extra-model x.safetensors-dir ...   # toolkit only, for reference rows
 
 How to build llama.cpp on the device: docs/benchmarks.md.
@@ -210,6 +211,26 @@ def table(results: dict, batches) -> str:
     return "\n".join(lines)
 
 
+def run_both(model: str, res: dict, args) -> tuple[bool, bool]:
+    """Each engine's speed runs on ``model`` into ``res``; whether toolkit and llama.cpp ran without an error."""
+    if not args.skip_toolkit:
+        res["toolkit"] = run_toolkit(model, args, args.out)
+        print(model, "toolkit", json.dumps({k: v for k, v in res["toolkit"].items() if k != "rows"}), flush=True)
+    if not args.skip_llamacpp and model in args.models and args.llama_build:
+        try:
+            res["llamacpp"] = {**llama_bench(args.llama_build, model, args.prompt, args.output_len)}
+            batched = llama_batched_bench(args.llama_build, model, args.batches, args.input_len, args.output_len)
+            res["llamacpp"]["decode_tok_s"] = batched["decode_tok_s"]
+            res["llamacpp"]["batched_command"] = batched["command"]
+            if "load_s" in batched:
+                res["llamacpp"]["load_s"] = batched["load_s"]
+        except (subprocess.CalledProcessError, FileNotFoundError) as exc:
+            stderr = getattr(exc, "stderr", "") or ""
+            res["llamacpp"] = {"error": f"{exc} {stderr[-2000:]}"}
+        print(model, "llama.cpp", json.dumps(res["llamacpp"]), flush=True)
+    return tuple(side in res and "error" not in res[side] for side in ("toolkit", "llamacpp"))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", nargs="*", default=[], help="GGUF files (both engines)")
@@ -226,6 +247,9 @@ def main() -> None:
     parser.add_argument("--load-runs", type=int, default=5,
                         help="also time each engine's load alone in this many fresh processes; the table's load "
                              "cell is then the two medians (0: the one load of each benchmark process)")
+    parser.add_argument("--loads-only", action="store_true",
+                        help="no speed runs: only the repeated loads of each engine, in turns (a load measured on a "
+                             "machine the speed runs have not just worked)")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--worker-json", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -238,22 +262,12 @@ def main() -> None:
     results: dict = {}
     for model in args.models + args.extra_model:
         res = results.setdefault(model, {})
-        if not args.skip_toolkit:
-            res["toolkit"] = run_toolkit(model, args, args.out)
-            print(model, "toolkit", json.dumps({k: v for k, v in res["toolkit"].items() if k != "rows"}), flush=True)
-        if not args.skip_llamacpp and model in args.models and args.llama_build:
-            try:
-                res["llamacpp"] = {**llama_bench(args.llama_build, model, args.prompt, args.output_len)}
-                batched = llama_batched_bench(args.llama_build, model, args.batches, args.input_len, args.output_len)
-                res["llamacpp"]["decode_tok_s"] = batched["decode_tok_s"]
-                res["llamacpp"]["batched_command"] = batched["command"]
-                if "load_s" in batched:
-                    res["llamacpp"]["load_s"] = batched["load_s"]
-            except (subprocess.CalledProcessError, FileNotFoundError) as exc:
-                stderr = getattr(exc, "stderr", "") or ""
-                res["llamacpp"] = {"error": f"{exc} {stderr[-2000:]}"}
-            print(model, "llama.cpp", json.dumps(res["llamacpp"]), flush=True)
-        ours, theirs = (side in res and "error" not in res[side] for side in ("toolkit", "llamacpp"))
+        if args.loads_only:  # no speed runs: each engine that would run gets only its repeated loads
+            ours = not args.skip_toolkit
+            theirs = not args.skip_llamacpp and model in args.models and args.llama_build is not None
+            res.update({side: {} for side, runs in (("toolkit", ours), ("llamacpp", theirs)) if runs})
+        else:
+            ours, theirs = run_both(model, res, args)
         if args.load_runs > 0 and (ours or theirs):
             mine, peer = interleaved_load_times(model, args, ours, theirs)
             for side, times in (("toolkit", mine), ("llamacpp", peer)):

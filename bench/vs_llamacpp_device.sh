@@ -6,7 +6,8 @@
 #   call 1:  bash bench/vs_llamacpp_device.sh start  SRC.tgz [SETS]  # build in the background, make the GGUFs
 #   call 2+: bash bench/vs_llamacpp_device.sh finish SET            # wait for the build, run both engines
 #
-# SET: dense (1.5B Q4_0, 1.5B Q4_K_M, 8B Q4_K_M; issue 16), moe (Qwen3-30B-A3B-shaped Q4_K_M,
+# SET: dense (1.5B Q4_0, 1.5B Q4_K_M, 8B Q4_K_M; issue 16), loads (the two 1.5B files' loads alone, 12 in
+# turns, no speed runs: needs the dense files), moe (Qwen3-30B-A3B-shaped Q4_K_M,
 # batches 1/8/32; issue 12), hybrid (Qwen3.5-9B-shaped Q4_K_M, batches 1/8/32/64; issue 11).
 # `start` makes the files of SETS (default: "dense moe hybrid").
 # Run from the repository root with toolkit importable (PYTHONPATH); results go to $OUT/vs-SET.
@@ -46,7 +47,9 @@ case "$1" in
                 --models "$models/qwen3-30b-a3b-Q4_K_M.gguf" ;;
       hybrid) python3 bench/bench_vs_llamacpp.py --llama-build "$build" --out "$out/vs-hybrid" \
                 --models "$models/qwen35-9b-Q4_K_M.gguf" ;;
+      loads)  python3 bench/bench_vs_llamacpp.py --llama-build "$build" --out "$out/vs-loads" --loads-only \
+                --load-runs 12 --models "$models/llama-1.5B-Q4_0.gguf" "$models/llama-1.5B-Q4_K_M.gguf" ;;
       *) echo "unknown set $2"; exit 2 ;;
     esac ;;
-  *) echo "usage: $0 start SRC.tgz [SETS] | finish dense|moe|hybrid"; exit 2 ;;
+  *) echo "usage: $0 start SRC.tgz [SETS] | finish dense|loads|moe|hybrid"; exit 2 ;;
 esac

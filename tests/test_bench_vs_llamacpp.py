@@ -99,3 +99,26 @@ def test_repeated_loads_alternate_between_the_engines_after_a_sync(bench, monkey
     order.clear()
     assert module.interleaved_load_times("m.gguf", args, True, False) == ([0.2] * 3, [])
     assert order == ["sync"] + ["toolkit"] * 3
+
+
+def test_loads_only_runs_no_speed_benchmark_and_tables_the_load_medians(bench, monkeypatch, tmp_path):
+    """``--loads-only``: each engine's repeated loads in turns and nothing else (so the loads can be measured on a
+    machine the speed runs have not just worked); the speed cells stay empty."""
+    module, build, _ = bench
+
+    def no_speed_run(*args, **kwargs):
+        raise AssertionError("a speed run in --loads-only")
+
+    for name in ("run_toolkit", "llama_bench", "llama_batched_bench"):
+        monkeypatch.setattr(module, name, no_speed_run)
+    monkeypatch.setattr(module.os, "sync", lambda: None)
+    toolkit_loads, llama_loads = iter([0.21, 0.25, 0.19]), iter([0.2, 0.18, 0.22])
+    monkeypatch.setattr(module, "toolkit_load_time", lambda model, device: next(toolkit_loads))
+    monkeypatch.setattr(module, "llama_load_time", lambda build, model: next(llama_loads))
+    out = tmp_path / "vs"
+    monkeypatch.setattr(module.sys, "argv", ["bench", "--llama-build", str(build), "--loads-only", "--load-runs", "3",
+                                             "--batch-sizes", "1", "--out", str(out), "--models", "m.gguf"])
+    module.main()
+    assert "| m.gguf | - / - | - / - | 0.20 / 0.21 (median of 3 / 3) |" in (out / "vs_llamacpp.md").read_text()
+    saved = json.loads((out / "vs_llamacpp.json").read_text())["m.gguf"]
+    assert saved == {"toolkit": {"load_runs_s": [0.21, 0.25, 0.19]}, "llamacpp": {"load_runs_s": [0.2, 0.18, 0.22]}}
