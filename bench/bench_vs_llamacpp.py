@@ -211,12 +211,18 @@ def table(results: dict, batches) -> str:
     return "\n".join(lines)
 
 
+def engines(model: str, args) -> tuple[bool, bool]:
+    """Whether toolkit and llama.cpp run on ``model`` (llama.cpp: a GGUF of ``--models``, with a build)."""
+    return not args.skip_toolkit, bool(not args.skip_llamacpp and model in args.models and args.llama_build)
+
+
 def run_both(model: str, res: dict, args) -> tuple[bool, bool]:
     """Each engine's speed runs on ``model`` into ``res``; whether toolkit and llama.cpp ran without an error."""
-    if not args.skip_toolkit:
+    ours, theirs = engines(model, args)
+    if ours:
         res["toolkit"] = run_toolkit(model, args, args.out)
         print(model, "toolkit", json.dumps({k: v for k, v in res["toolkit"].items() if k != "rows"}), flush=True)
-    if not args.skip_llamacpp and model in args.models and args.llama_build:
+    if theirs:
         try:
             res["llamacpp"] = {**llama_bench(args.llama_build, model, args.prompt, args.output_len)}
             batched = llama_batched_bench(args.llama_build, model, args.batches, args.input_len, args.output_len)
@@ -263,8 +269,7 @@ def main() -> None:
     for model in args.models + args.extra_model:
         res = results.setdefault(model, {})
         if args.loads_only:  # no speed runs: each engine that would run gets only its repeated loads
-            ours = not args.skip_toolkit
-            theirs = not args.skip_llamacpp and model in args.models and args.llama_build is not None
+            ours, theirs = engines(model, args)
             res.update({side: {} for side, runs in (("toolkit", ours), ("llamacpp", theirs)) if runs})
         else:
             ours, theirs = run_both(model, res, args)
