@@ -17,7 +17,11 @@ JSON file with every raw number. llama.cpp's batch-1 figure is the larger of lla
 ``--load-runs`` fresh processes (default 5; toolkit: ``bench_load_phases``' worker, llama.cpp: a one-token
 ``llama-bench -v``), one of each in turn after both engines' speed runs, the medians side by side (toolkit's single
 loads varied by up to 60% between processes on one H100 host, llama.cpp's by a few percent:
-``interleaved_load_times``).
+``interleaved_load_times``). The two load times cover different work: llama.cpp's starts after its loader
+has parsed the file and its backends were registered, and ends with its first evaluation; ``toolkit.load``
+includes plugin discovery and the file's parse, and no evaluation. So each toolkit load is followed by one
+greedy token, and a second cell compares llama.cpp's load time with toolkit's ``build`` phase through that
+token (``bench_load_phases --first-token``: the same stretch of work; docs/benchmarks.md).
 
     python bench/bench_vs_llamacpp.py --llama-build /tmp/llama.cpp/build --out /tmp/vs --models a.gguf b.gguf
     python bench/bench_vs_llamacpp.py --skip-llamacpp --models a.gguf      # toolkit only
@@ -150,28 +154,34 @@ def run_toolkit(model: str, args, scratch: Path) -> dict:
     return result
 
 
-def toolkit_load_time(model: str, device: str) -> float:
+def toolkit_load_time(model: str, device: str) -> dict:
     """``toolkit.load`` (weights and tokenizer) in a fresh process, after ``import torch`` and the device's own
-    start-up (``bench_load_phases``' worker)."""
+    start-up (``bench_load_phases``' worker), then one greedy token: ``load_s``, and ``span_s``, the stretch
+    llama.cpp's load time covers (from the ``build`` phase's start to the end of that token; docs/benchmarks.md)."""
     from bench_load_phases import run_once  # noqa: PLC0415 - a sibling script of bench/
 
-    return run_once(model, device)["load_s"]
+    run = run_once(model, device, first_token=True)
+    return {"load_s": run["load_s"], "span_s": run.get("llama_span_s")}
 
 
-def interleaved_load_times(model: str, args, ours: bool, theirs: bool) -> tuple[list[float], list[float]]:
+def interleaved_load_times(model: str, args, ours: bool, theirs: bool) -> dict[str, list[float]]:
     """``args.load_runs`` fresh-process loads of each engine that ran (``ours``: toolkit, ``theirs``: llama.cpp),
     alternating one of each, after flushing dirty pages (``os.sync``: the files may have just been written). Why
     alternate: in blocks of five per engine, toolkit's median moved 0.28-0.63 s between runs on one H100 host while
     llama.cpp's stayed within 0.29-0.36 (runs 33-34, docs/benchmarks.md), so whichever block ran in a busier moment
-    lost; alternating, both engines sample the same moments."""
+    lost; alternating, both engines sample the same moments. Returns ``toolkit`` (``toolkit.load``'s times),
+    ``toolkit_span`` (llama.cpp's span on toolkit's side, where the code reports it) and ``llamacpp``."""
     os.sync()
-    mine, peer = [], []
+    times: dict[str, list[float]] = {"toolkit": [], "toolkit_span": [], "llamacpp": []}
     for _ in range(args.load_runs):
         if ours:
-            mine.append(toolkit_load_time(model, args.device))
+            run = toolkit_load_time(model, args.device)
+            times["toolkit"].append(run["load_s"])
+            if run["span_s"] is not None:
+                times["toolkit_span"].append(run["span_s"])
         if theirs and (seconds := llama_load_time(args.llama_build, model)) is not None:
-            peer.append(seconds)
-    return mine, peer
+            times["llamacpp"].append(seconds)
+    return times
 
 
 def _load_cell(ours: dict, theirs: dict) -> str:
@@ -185,6 +195,14 @@ def _load_cell(ours: dict, theirs: dict) -> str:
     return f"{peer} / {mine}"
 
 
+def _span_cell(ours: dict, theirs: dict) -> str:
+    """``llama.cpp / toolkit`` over the same stretch of work: llama.cpp's load time (its own span) against
+    toolkit's build phase through one greedy token, the medians of the repeated loads; ``-`` without both."""
+    if not (ours.get("span_runs_s") and theirs.get("load_runs_s")):
+        return "-"
+    return f"{statistics.median(theirs['load_runs_s']):.2f} / {statistics.median(ours['span_runs_s']):.2f}"
+
+
 # ---- table ----------------------------------------------------------------------------------------
 def _cell(ours, theirs) -> str:
     if ours is None or theirs is None:
@@ -193,9 +211,11 @@ def _cell(ours, theirs) -> str:
 
 
 def table(results: dict, batches) -> str:
-    head = "| model | " + " | ".join(f"decode b{b} tok/s" for b in batches) + " | prefill tok/s | load s |"
-    lines = ["cells: llama.cpp / toolkit = toolkit's speed over llama.cpp's", "", head,
-             "|" + "---|" * (len(batches) + 3)]
+    head = ("| model | " + " | ".join(f"decode b{b} tok/s" for b in batches)
+            + " | prefill tok/s | load s | load s, llama.cpp's span |")
+    lines = ["cells: llama.cpp / toolkit = toolkit's speed over llama.cpp's; load: toolkit.load against llama.cpp's "
+             "load time; llama.cpp's span: toolkit's build phase through one greedy token, the work llama.cpp's "
+             "load time covers", "", head, "|" + "---|" * (len(batches) + 4)]
     for model, res in results.items():
         ours, theirs = res.get("toolkit", {}), res.get("llamacpp", {})
         cells = []
@@ -207,6 +227,7 @@ def table(results: dict, batches) -> str:
             cells.append(_cell(mine, peer))
         cells.append(_cell(ours.get("prefill_tok_s"), theirs.get("prefill_tok_s")))
         cells.append(_load_cell(ours, theirs))
+        cells.append(_span_cell(ours, theirs))
         lines.append(f"| {Path(model).name} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -274,11 +295,12 @@ def main() -> None:
         else:
             ours, theirs = run_both(model, res, args)
         if args.load_runs > 0 and (ours or theirs):
-            mine, peer = interleaved_load_times(model, args, ours, theirs)
-            for side, times in (("toolkit", mine), ("llamacpp", peer)):
-                if times:
-                    res[side]["load_runs_s"] = times
-            print(model, "loads", json.dumps({"toolkit": mine, "llamacpp": peer}), flush=True)
+            times = interleaved_load_times(model, args, ours, theirs)
+            for side, key, name in (("toolkit", "toolkit", "load_runs_s"), ("toolkit", "toolkit_span", "span_runs_s"),
+                                    ("llamacpp", "llamacpp", "load_runs_s")):
+                if times[key]:
+                    res[side][name] = times[key]
+            print(model, "loads", json.dumps(times), flush=True)
         (args.out / "vs_llamacpp.json").write_text(json.dumps(results, indent=2))
     text = table(results, args.batches)
     (args.out / "vs_llamacpp.md").write_text(text + "\n")

@@ -91,13 +91,17 @@ def test_repeated_loads_alternate_between_the_engines_after_a_sync(bench, monkey
     module, build, _ = bench
     order = []
     monkeypatch.setattr(module.os, "sync", lambda: order.append("sync"))
-    monkeypatch.setattr(module, "toolkit_load_time", lambda model, device: order.append("toolkit") or 0.2)
+    monkeypatch.setattr(module, "toolkit_load_time",
+                        lambda model, device: order.append("toolkit") or {"load_s": 0.2, "span_s": 0.25})
     monkeypatch.setattr(module, "llama_load_time", lambda build, model: order.append("llama") or 0.3)
     args = type("Args", (), {"load_runs": 3, "device": "cuda", "llama_build": build})()
-    assert module.interleaved_load_times("m.gguf", args, True, True) == ([0.2] * 3, [0.3] * 3)
+    assert module.interleaved_load_times("m.gguf", args, True, True) == {"toolkit": [0.2] * 3,
+                                                                          "toolkit_span": [0.25] * 3,
+                                                                          "llamacpp": [0.3] * 3}
     assert order == ["sync"] + ["toolkit", "llama"] * 3
     order.clear()
-    assert module.interleaved_load_times("m.gguf", args, True, False) == ([0.2] * 3, [])
+    assert module.interleaved_load_times("m.gguf", args, True, False) == {"toolkit": [0.2] * 3,
+                                                                           "toolkit_span": [0.25] * 3, "llamacpp": []}
     assert order == ["sync"] + ["toolkit"] * 3
 
 
@@ -113,12 +117,17 @@ def test_loads_only_runs_no_speed_benchmark_and_tables_the_load_medians(bench, m
         monkeypatch.setattr(module, name, no_speed_run)
     monkeypatch.setattr(module.os, "sync", lambda: None)
     toolkit_loads, llama_loads = iter([0.21, 0.25, 0.19]), iter([0.2, 0.18, 0.22])
-    monkeypatch.setattr(module, "toolkit_load_time", lambda model, device: next(toolkit_loads))
+    spans = iter([0.3, 0.26, 0.28])
+    monkeypatch.setattr(module, "toolkit_load_time",
+                        lambda model, device: {"load_s": next(toolkit_loads), "span_s": next(spans)})
     monkeypatch.setattr(module, "llama_load_time", lambda build, model: next(llama_loads))
     out = tmp_path / "vs"
     monkeypatch.setattr(module.sys, "argv", ["bench", "--llama-build", str(build), "--loads-only", "--load-runs", "3",
                                              "--batch-sizes", "1", "--out", str(out), "--models", "m.gguf"])
     module.main()
-    assert "| m.gguf | - / - | - / - | 0.20 / 0.21 (median of 3 / 3) |" in (out / "vs_llamacpp.md").read_text()
+    # the span cell: llama.cpp's median load time against the median of toolkit's build-through-first-token spans
+    assert "| m.gguf | - / - | - / - | 0.20 / 0.21 (median of 3 / 3) | 0.20 / 0.28 |" in \
+        (out / "vs_llamacpp.md").read_text()
     saved = json.loads((out / "vs_llamacpp.json").read_text())["m.gguf"]
-    assert saved == {"toolkit": {"load_runs_s": [0.21, 0.25, 0.19]}, "llamacpp": {"load_runs_s": [0.2, 0.18, 0.22]}}
+    assert saved == {"toolkit": {"load_runs_s": [0.21, 0.25, 0.19], "span_runs_s": [0.3, 0.26, 0.28]},
+                     "llamacpp": {"load_runs_s": [0.2, 0.18, 0.22]}}

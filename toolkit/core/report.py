@@ -15,6 +15,9 @@ class LoadReport:
     scheme: str = ""
     files: list[str] = field(default_factory=list)
     phases: dict[str, float] = field(default_factory=dict)
+    # perf_counter() when each phase first began: a benchmark times a span that starts at a phase
+    # (bench/bench_load_phases.py measures from ``build`` on, where llama.cpp's load time starts)
+    phase_starts: dict[str, float] = field(default_factory=dict)
     bytes_read: int = 0
     tensors_mapped: int = 0
     tensors_skipped: int = 0
@@ -25,6 +28,7 @@ class LoadReport:
     @contextmanager
     def phase(self, name: str):
         start = time.perf_counter()
+        self.phase_starts.setdefault(name, start)
         try:
             yield
         finally:
