@@ -23,7 +23,9 @@ checkpoint closed and its files unmapped: ``core/release.py``).
 the start of the ``build`` phase to the end of that token. llama.cpp's own "load time" starts after
 its loader has parsed the file's metadata and tensor table (``t_start_us`` is taken after
 ``llama_model_loader``'s constructor, and its backends were registered before: our ``plugins`` and
-``open``) and ends with its first evaluation, so this is the same stretch of work on our side.
+``open``) and ends with its first evaluation, so this is the same stretch of work on our side. On
+CUDA the token's first kernel call imports Triton (a GGUF load does not): that import is timed on its
+own, just before the token, and reported as part of it.
 
 This is a profile, not a ratio against a peer: bench/bench_vs_llamacpp.py puts ``toolkit.load``
 beside llama.cpp's load time. Run it on a quiet machine; name the machine with the figures.
@@ -85,10 +87,13 @@ if profile_top:
         pstats.Stats(profiler, stream=sys.stderr).sort_stats(order).print_stats(profile_top)
 new = set(sys.modules) - before
 phases = dict(loaded.report.phases)
-first_s = first_heavy = llama_span_s = None
+first_s = first_heavy = llama_span_s = triton_s = None
 if first_token:  # what llama-bench's "load time" also covers: the first evaluation
     before_first = set(sys.modules)
     start = time.perf_counter()
+    if device.startswith("cuda") and "triton" not in sys.modules:  # the first kernel call would import it
+        import triton
+        triton_s = time.perf_counter() - start
     loaded.generate(loaded.tokenizer.encode("Hello"), max_new_tokens=1)
     if device.startswith("cuda"):
         torch.cuda.synchronize()
@@ -104,7 +109,8 @@ print(json.dumps({"import_toolkit_s": import_s, "load_s": load_s, "load_cpu_s": 
                   "gc_s": sum(s for _, s in pauses), "gc_full": sum(1 for g, _ in pauses if g == 2),
                   "modules_imported": len(new),
                   "heavy_imported": sorted(w for w in watch if w in new),
-                  "first_token_s": first_s, "first_token_imported": first_heavy, "llama_span_s": llama_span_s}))
+                  "first_token_s": first_s, "first_token_imported": first_heavy, "llama_span_s": llama_span_s,
+                  "first_token_triton_s": triton_s}))
 """
 
 
@@ -140,7 +146,8 @@ def summarize(runs: list[dict]) -> dict:
             "heavy_imported": sorted({name for r in runs for name in r["heavy_imported"]}),
             "first_token_s": med([r["first_token_s"] for r in runs]) if runs[0]["first_token_s"] is not None else None,
             "first_token_imported": sorted({name for r in runs for name in r["first_token_imported"] or ()}),
-            "llama_span_s": _median_of_present([r.get("llama_span_s") for r in runs])}
+            "llama_span_s": _median_of_present([r.get("llama_span_s") for r in runs]),
+            "first_token_triton_s": _median_of_present([r.get("first_token_triton_s") for r in runs])}
 
 
 def _median_of_present(values: list) -> float | None:
@@ -185,6 +192,9 @@ def main() -> None:
     if summary["first_token_s"] is not None:
         print(f"  first token      {summary['first_token_s']:.3f} s after the load (imported: "
               f"{', '.join(summary['first_token_imported']) or 'none of the watched packages'})")
+    if summary["first_token_triton_s"] is not None:
+        print(f"    of which       {summary['first_token_triton_s']:.3f} s importing Triton (the first kernel call's "
+              f"import, timed on its own)")
     if summary["llama_span_s"] is not None:
         print(f"  llama.cpp's span {summary['llama_span_s']:.3f} s (from the build phase's start to the end of the "
               f"first token: what llama.cpp's 'load time' covers, docs/benchmarks.md)")
