@@ -87,9 +87,9 @@ if profile_top:
         pstats.Stats(profiler, stream=sys.stderr).sort_stats(order).print_stats(profile_top)
 new = set(sys.modules) - before
 phases = dict(loaded.report.phases)
-first_s = first_heavy = llama_span_s = triton_s = None
-if first_token:  # what llama-bench's "load time" also covers: the first evaluation
-    before_first = set(sys.modules)
+first_s = first_heavy = llama_span_s = triton_s = first_error = None
+def one_token():
+    global triton_s
     start = time.perf_counter()
     if device.startswith("cuda") and "triton" not in sys.modules:  # the first kernel call would import it
         import triton
@@ -97,10 +97,16 @@ if first_token:  # what llama-bench's "load time" also covers: the first evaluat
     loaded.generate(loaded.tokenizer.encode("Hello"), max_new_tokens=1)
     if device.startswith("cuda"):
         torch.cuda.synchronize()
-    first_s = time.perf_counter() - start
+    return time.perf_counter() - start
+if first_token:  # what llama-bench's "load time" also covers: the first evaluation
+    before_first = set(sys.modules)
+    try:  # a failing token is reported, and the load's figures still come back
+        first_s = one_token()
+    except Exception as exc:
+        first_error = f"{type(exc).__name__}: {exc}"[:500]
     first_heavy = sorted(w for w in watch if w in set(sys.modules) - before_first)
     build_start = getattr(loaded.report, "phase_starts", {}).get("build")  # absent in code before it (A/B runs)
-    if build_start is not None:  # llama.cpp's span: from its hparams (our build) to the end of its first eval
+    if build_start is not None and first_s is not None:  # llama.cpp's span: its hparams (our build) to its first eval
         llama_span_s = load_end - build_start + first_s
 watcher.join()
 print(json.dumps({"import_toolkit_s": import_s, "load_s": load_s, "load_cpu_s": load_cpu_s, "phases": phases,
@@ -110,7 +116,8 @@ print(json.dumps({"import_toolkit_s": import_s, "load_s": load_s, "load_cpu_s": 
                   "modules_imported": len(new),
                   "heavy_imported": sorted(w for w in watch if w in new),
                   "first_token_s": first_s, "first_token_imported": first_heavy, "llama_span_s": llama_span_s,
-                  "first_token_triton_s": triton_s}))
+                  "first_token_triton_s": triton_s,
+                  "first_token_error": first_error}))
 """
 
 
@@ -144,7 +151,8 @@ def summarize(runs: list[dict]) -> dict:
             "gc_full": med([r["gc_full"] for r in runs]),
             "modules_imported": med([r["modules_imported"] for r in runs]),
             "heavy_imported": sorted({name for r in runs for name in r["heavy_imported"]}),
-            "first_token_s": med([r["first_token_s"] for r in runs]) if runs[0]["first_token_s"] is not None else None,
+            "first_token_s": _median_of_present([r["first_token_s"] for r in runs]),
+            "first_token_errors": sorted({r["first_token_error"] for r in runs if r.get("first_token_error")}),
             "first_token_imported": sorted({name for r in runs for name in r["first_token_imported"] or ()}),
             "llama_span_s": _median_of_present([r.get("llama_span_s") for r in runs]),
             "first_token_triton_s": _median_of_present([r.get("first_token_triton_s") for r in runs])}
@@ -192,6 +200,8 @@ def main() -> None:
     if summary["first_token_s"] is not None:
         print(f"  first token      {summary['first_token_s']:.3f} s after the load (imported: "
               f"{', '.join(summary['first_token_imported']) or 'none of the watched packages'})")
+    for error in summary["first_token_errors"]:
+        print(f"  first token failed: {error}")
     if summary["first_token_triton_s"] is not None:
         print(f"    of which       {summary['first_token_triton_s']:.3f} s importing Triton (the first kernel call's "
               f"import, timed on its own)")

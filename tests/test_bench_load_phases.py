@@ -8,6 +8,7 @@ measured separately, so a span started at the wrong moment fails them.
 from __future__ import annotations
 
 import importlib.util
+import os
 import time
 from pathlib import Path
 
@@ -58,3 +59,19 @@ def test_without_the_first_token_there_is_no_span(bench, tmp_path):
     run = bench.run_once(str(write_model(tmp_path / "tiny.gguf", Spec(qtype=Q.Q8_0))), "cpu")
     assert run["first_token_s"] is None and run["llama_span_s"] is None
     assert bench.summarize([run])["llama_span_s"] is None
+
+
+def test_a_failing_first_token_is_reported_and_the_load_still_counts(bench, tmp_path, monkeypatch):
+    """The benchmark's repeated loads take a token each; a token that fails must not take the load figures with it."""
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(
+        "import toolkit.core.loaded as loaded\n"
+        "def broken(self, *args, **kwargs):\n"
+        "    raise RuntimeError('no token today')\n"
+        "loaded.LoadedModel.generate = broken\n")
+    monkeypatch.setenv("PYTHONPATH", f"{hook}:{os.environ.get('PYTHONPATH', '')}")
+    run = bench.run_once(str(write_model(tmp_path / "tiny.gguf", Spec(qtype=Q.Q8_0))), "cpu", first_token=True)
+    assert run["load_s"] > 0 and run["first_token_s"] is None and run["llama_span_s"] is None
+    assert run["first_token_error"] == "RuntimeError: no token today"
+    assert bench.summarize([run])["first_token_errors"] == ["RuntimeError: no token today"]
