@@ -88,20 +88,19 @@ if profile_top:
 new = set(sys.modules) - before
 phases = dict(loaded.report.phases)
 first_s = first_heavy = llama_span_s = triton_s = first_error = None
-def one_token():
-    global triton_s
-    start = time.perf_counter()
+def one_token():  # (seconds for one greedy token, of which importing Triton: None where not imported here)
+    start, imported = time.perf_counter(), None
     if device.startswith("cuda") and "triton" not in sys.modules:  # the first kernel call would import it
         import triton
-        triton_s = time.perf_counter() - start
+        imported = time.perf_counter() - start
     loaded.generate(loaded.tokenizer.encode("Hello"), max_new_tokens=1)
     if device.startswith("cuda"):
         torch.cuda.synchronize()
-    return time.perf_counter() - start
+    return time.perf_counter() - start, imported
 if first_token:  # what llama-bench's "load time" also covers: the first evaluation
     before_first = set(sys.modules)
     try:  # a failing token is reported, and the load's figures still come back
-        first_s = one_token()
+        first_s, triton_s = one_token()
     except Exception as exc:
         first_error = f"{type(exc).__name__}: {exc}"[:500]
     first_heavy = sorted(w for w in watch if w in set(sys.modules) - before_first)
@@ -200,11 +199,11 @@ def main() -> None:
     if summary["first_token_s"] is not None:
         print(f"  first token      {summary['first_token_s']:.3f} s after the load (imported: "
               f"{', '.join(summary['first_token_imported']) or 'none of the watched packages'})")
-    for error in summary["first_token_errors"]:
-        print(f"  first token failed: {error}")
     if summary["first_token_triton_s"] is not None:
         print(f"    of which       {summary['first_token_triton_s']:.3f} s importing Triton (the first kernel call's "
               f"import, timed on its own)")
+    for error in summary["first_token_errors"]:
+        print(f"  first token failed: {error}")
     if summary["llama_span_s"] is not None:
         print(f"  llama.cpp's span {summary['llama_span_s']:.3f} s (from the build phase's start to the end of the "
               f"first token: what llama.cpp's 'load time' covers, docs/benchmarks.md)")
