@@ -74,3 +74,24 @@ def test_a_cuda_gguf_load_leaves_triton_to_the_first_kernel_call(q8_model):
     wrongly = [name for name in NOT_DURING if _imported(result["during"], name)]
     assert not wrongly, wrongly
     assert _imported(result["after"], "triton") and "toolkit.kernels.gguf.triton_ops" in result["after"]
+
+
+KERNEL_CHOICE_WORKER = r"""
+import json, sys
+import toolkit.kernels.gguf.triton_ops
+print(json.dumps(sorted(m for m in sys.modules if m.startswith("toolkit.kernels"))))
+"""
+
+
+def test_choosing_a_gguf_kernel_imports_no_kernel_family_before_its_first_launch():
+    """``triton_ops`` (imported by the first CUDA kernel call) holds the dispatch; the kernel families a decode
+    token does not launch (the 16-bit and int8 tensor-core kernels, the dequantize and float matmul kernels) are
+    imported at their first launch, since decorating Triton functions costs ~2-3 ms each."""
+    pytest.importorskip("triton")
+    done = subprocess.run([sys.executable, "-c", KERNEL_CHOICE_WORKER], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    modules = json.loads(done.stdout.strip().splitlines()[-1])
+    assert "toolkit.kernels.gguf.dp4a_ops" in modules  # the check can see: the one-token GEMV's host side
+    deferred = ("toolkit.kernels.gguf.triton_mmq", "toolkit.kernels.gguf.triton_dot16",
+                "toolkit.kernels.gguf.triton_kernels")
+    assert not [name for name in deferred if name in modules]

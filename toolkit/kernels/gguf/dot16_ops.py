@@ -15,7 +15,6 @@ import triton
 from ..launch import launch_numbers, split_k
 from ..triton_pdl import launch_options
 from ..triton_reduce import finish_splits, split_output
-from .triton_dot16 import dot16_kernel
 from .types import type_name, type_size
 
 DOT16_TYPES = ("Q4_0", "Q8_0", "Q4_K", "Q6_K")
@@ -181,6 +180,7 @@ def dot16_matmul(x: torch.Tensor, data: torch.Tensor, qtype: int, cols: int, bm:
                                      split)
     out = split_output(split, tokens, rows, x)
     group = group or launch["group"] or DOT16_GROUP.get(type_name(qtype), 1)
+    from .triton_dot16 import dot16_kernel  # noqa: PLC0415 - at its first launch (gemv_launch's MMQ_TYPES says why)
     dot16_kernel[(*grid_nm, split)](
         x, data, out, tokens, rows, cols, cols // split, x.stride(0), data.stride(0), QTYPE=int(qtype),
         TS=type_size(qtype), BM=bm, BN=bn, GROUP=group, num_warps=num_warps or launch["num_warps"],

@@ -123,6 +123,11 @@ WEIGHT_EVICTION = {"Q4_K": "evict_first", "Q6_K": "evict_first"}
 # 16-bit kernel (``triton_dot16``, 17-64 tokens) the policy lost for Q6_K (4096x14336 T=64: 106-108 against
 # 100-101 us) and did nothing for Q4_K, so that kernel keeps the default.
 MMQ_EVICTION = {"Q6_K": "evict_first"}
+# The int8 tensor-core kernel's (``triton_mmq``) types and the columns of one of their blocks, and the types whose
+# minimum term reads the activations' block sums: here, beside the other launch choices, so that choosing a kernel
+# does not import (and decorate) the kernels themselves; each family is imported at its first launch.
+MMQ_TYPES = {"Q4_0": 32, "Q8_0": 32, "Q4_K": 256, "Q5_K": 256, "Q6_K": 256}
+MMQ_MIN_TYPES = frozenset({"Q4_K", "Q5_K"})
 
 
 def eviction(table: dict[str, str], name: str) -> str:

@@ -32,9 +32,8 @@ from .dp4a_ops import (_HARDWARE_DP4A, _dp4a_ok, activation_blocks, dp4a_enabled
                        dp4a_tokens_matmul, quantize_activations)                  # them from here too
 from .gemv_launch import (DP4A_STEP, MMQ_EVICTION, TOKENS_MAX_TOKENS, TOKENS_SUM_TYPES,  # noqa: F401 - DP4A_STEP,
                           GemvConfig, eviction)                                     # GemvConfig: callers' names
+from .gemv_launch import MMQ_MIN_TYPES, MMQ_TYPES
 from .types import block_size, type_name, type_size
-from .triton_kernels import dequantize_kernel, matmul_kernel
-from .triton_mmq import MMQ_MIN_TYPES, MMQ_TYPES, mmq_kernel
 from ..int8_blocks import Int8Input
 from ..launch import l2_bytes, num_sms, split_k
 from ..launch import tile_width as _tile_width  # the MoE kernels import it from here
@@ -161,6 +160,7 @@ def gguf_dequantize(data: torch.Tensor, qtype: int, cols: int, dtype: torch.dtyp
     bk = _tile_width(cols, 256)
     bn = max(1, min(32, 8192 // bk))
     grid = (triton.cdiv(rows, bn), cols // bk)
+    from .triton_kernels import dequantize_kernel  # noqa: PLC0415 - at first use: gemv_launch says why
     dequantize_kernel[grid](data, out, _codebook(data.device), rows, cols, data.stride(0),
                             BN=bn, BK=bk, **_type_args(qtype))
     return out
@@ -191,6 +191,7 @@ def fused_matmul(x: torch.Tensor, data: torch.Tensor, qtype: int, cols: int, con
     if split is None:
         split = split_k(grid_nm[0] * grid_nm[1], cols // bk, x.device)
     out = split_output(split, tokens, rows, x)
+    from .triton_kernels import matmul_kernel  # noqa: PLC0415
     matmul_kernel[(*grid_nm, split)](
         x, data, out, _codebook(x.device), tokens, rows, cols // split, data.stride(0), x.stride(0),
         BM=config.bm, BN=config.bn, BK=bk, num_warps=config.num_warps, num_stages=config.num_stages,
@@ -220,6 +221,7 @@ def mmq_matmul(x: torch.Tensor, data: torch.Tensor, qtype: int, cols: int, bm: i
     while (cols // block) % split:  # each split: whole blocks
         split -= 1
     out = split_output(split, tokens, rows, x)
+    from .triton_mmq import mmq_kernel  # noqa: PLC0415
     mmq_kernel[(*grid_nm, split)](
         quants, scales, sums, data, out, tokens, rows, cols, cols // split, data.stride(0), out.stride(1),
         out.stride(0), QTYPE=int(qtype), TS=type_size(qtype), BM=bm, BN=bn, EVICT=eviction(MMQ_EVICTION, name),
