@@ -35,7 +35,6 @@ import triton
 import triton.language as tl
 
 from ..triton_pdl import wait_for_previous
-from .gemv_launch import MMQ_MIN_TYPES, MMQ_TYPES  # noqa: F401 - importers take them from here too
 from .triton_words import Q4_0, Q4_K, Q5_K, Q6_K, Q8_0, _u16, _u32, half_bits
 
 # Packed-register unpacking through inline PTX on the GPU; Triton's interpreter (CPU) runs no PTX.

@@ -30,9 +30,8 @@ from .bits import IQ4_NL_VALUES
 from .dot16_ops import dot16_hands_on, dot16_matmul, dot16_takes
 from .dp4a_ops import (_HARDWARE_DP4A, _dp4a_ok, activation_blocks, dp4a_enabled,  # noqa: F401 - callers import
                        dp4a_tokens_matmul, quantize_activations)                  # them from here too
-from .gemv_launch import (DP4A_STEP, MMQ_EVICTION, TOKENS_MAX_TOKENS, TOKENS_SUM_TYPES,  # noqa: F401 - DP4A_STEP,
-                          GemvConfig, eviction)                                     # GemvConfig: callers' names
-from .gemv_launch import MMQ_MIN_TYPES, MMQ_TYPES
+from .gemv_launch import (DP4A_STEP, MMQ_EVICTION, MMQ_MIN_TYPES, MMQ_TYPES, TOKENS_MAX_TOKENS,  # noqa: F401 -
+                          TOKENS_SUM_TYPES, GemvConfig, eviction)          # DP4A_STEP, GemvConfig: callers' names
 from .types import block_size, type_name, type_size
 from ..int8_blocks import Int8Input
 from ..launch import l2_bytes, num_sms, split_k

@@ -25,7 +25,8 @@ import triton.language as tl
 
 from ..gguf.triton_dp4a import STEP_AXES, _axes, gemv_step
 from ..gguf.triton_kernels import _weights_and_x
-from ..gguf.triton_mmq import MMQ_MIN_TYPES, MMQ_TYPES, mmq_tile
+from ..gguf.gemv_launch import MMQ_MIN_TYPES, MMQ_TYPES
+from ..gguf.triton_mmq import mmq_tile
 from ..gguf.triton_ops import (_HARDWARE_DP4A, DP4A_STEP, WORD_GROUP, _codebook, _dp4a_ok, _matmul_tile_width,
                                _packed_ok, _tile_width, _type_args, activation_blocks, mmq_activations)
 from ..gguf.types import type_name, type_size
