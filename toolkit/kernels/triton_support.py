@@ -8,6 +8,7 @@ defining the kernels costs a good part of a second, and loading a model dispatch
 and from then on the runtime dispatches to (and caches) the real function, so the stand-in
 costs nothing per call. A broken Triton install must not take the torch reference ops down with
 it: the import failure becomes a one-line warning and the stand-in declines every call.
+The first import also puts Triton's compiler key memo in place (triton_key_memo.py).
 """
 from __future__ import annotations
 
@@ -17,6 +18,8 @@ import warnings
 from typing import Callable
 
 import torch
+
+from . import triton_key_memo
 
 
 def triton_usable() -> bool:
@@ -37,6 +40,8 @@ class LazyKernel:
         state = _MODULES.get(self.module)
         if state is None:
             try:
+                # before any kernel is looked up: Triton's compiler key from disk, not rehashed per process
+                triton_key_memo.install()
                 state = _MODULES[self.module] = importlib.import_module(self.module).OPS
             except Exception as exc:  # noqa: BLE001 - any import failure leaves the references serving
                 state = _MODULES[self.module] = exc

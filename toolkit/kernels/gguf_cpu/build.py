@@ -23,6 +23,7 @@ import warnings
 from pathlib import Path
 
 from ...core.openmp import passive_waiting
+from ..cache_root import kernel_cache_root
 
 HERE = Path(__file__).parent
 SOURCES = [HERE / "gguf_cpu.cpp"]
@@ -41,12 +42,6 @@ def openmp_flags() -> list[str]:
 
     return ["-fopenmp"] if getattr(torch._C, "has_openmp", False) else []
 _UNSET = object()
-
-
-def cache_root() -> Path:
-    if os.environ.get("TOOLKIT_KERNEL_CACHE"):
-        return Path(os.environ["TOOLKIT_KERNEL_CACHE"])
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "toolkit" / "kernels"
 
 
 def _compiler_version() -> str:
@@ -86,7 +81,7 @@ def compile_extension(sources=None, headers=None, prefix: str = "toolkit_gguf_cp
     sources = [str(path) for path in (sources or SOURCES)]
     include = sorted({str(Path(path).parent) for path in sources} | {str(HERE)})
     name = f"{prefix}_{build_key(sources, headers, cflags)}"
-    directory = cache_root() / name
+    directory = kernel_cache_root() / name
     built = _load_built(name, directory / f"{name}.so")
     if built is not None:
         return built

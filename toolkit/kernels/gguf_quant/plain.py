@@ -28,6 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from toolkit.core.openmp import passive_waiting
+from toolkit.kernels.cache_root import kernel_cache_root
 
 HERE = Path(__file__).parent
 SOURCE = HERE / "quant_cpu.cpp"
@@ -45,12 +46,6 @@ _failure: str | None = None
 
 def _compiler() -> str:
     return os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++") or "c++"
-
-
-def _cache_root() -> Path:
-    if os.environ.get("TOOLKIT_KERNEL_CACHE"):
-        return Path(os.environ["TOOLKIT_KERNEL_CACHE"])
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "toolkit" / "kernels"
 
 
 def _key(compiler: str) -> str:
@@ -71,7 +66,7 @@ def _key(compiler: str) -> str:
 
 def _build() -> Path:
     compiler = _compiler()
-    directory = _cache_root() / f"toolkit_gguf_quant_plain_{_key(compiler)}"
+    directory = kernel_cache_root() / f"toolkit_gguf_quant_plain_{_key(compiler)}"
     target = directory / "toolkit_gguf_quant_plain.so"
     if target.is_file():
         return target
