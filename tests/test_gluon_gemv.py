@@ -42,7 +42,7 @@ def test_launch_by_type_and_shape(monkeypatch, name, rows, cols, launch):
     (256-column multiples)."""
     monkeypatch.delenv("TOOLKIT_GGUF_GLUON_GEMV", raising=False)
     monkeypatch.delenv("TOOLKIT_GGUF_GLUON_GEMV_LAUNCH", raising=False)
-    monkeypatch.setattr(gluon_gemv_ops, "_runs_on", lambda device: True)
+    monkeypatch.setattr(gluon_gemv_ops, "_runs_on", lambda device, kernels=None: True)
     assert gluon_gemv_ops.gemv_launch(name, _packed(name, rows, cols), cols) == launch
 
 
@@ -51,7 +51,7 @@ def test_not_taken_off_the_gpu_turned_off_or_unaligned(monkeypatch):
     monkeypatch.delenv("TOOLKIT_GGUF_GLUON_GEMV", raising=False)
     monkeypatch.delenv("TOOLKIT_GGUF_GLUON_GEMV_LAUNCH", raising=False)
     assert gluon_gemv_ops.gemv_launch("Q4_K", data, 4096) is None                    # a CPU tensor
-    monkeypatch.setattr(gluon_gemv_ops, "_runs_on", lambda device: True)
+    monkeypatch.setattr(gluon_gemv_ops, "_runs_on", lambda device, kernels=None: True)
     assert gluon_gemv_ops.gemv_launch("Q4_K", data, 4096) is not None
     monkeypatch.setenv("TOOLKIT_GGUF_GLUON_GEMV", "0")
     assert gluon_gemv_ops.gemv_launch("Q4_K", data, 4096) is None

@@ -8,6 +8,7 @@ iteration; a program holds ``rows per thread x 32 / (4 step) x warps`` rows.
 """
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -71,7 +72,7 @@ def gemv_launch(name: str, data: torch.Tensor, cols: int,
     on ``data`` (split 0: the caller's), or None (the Triton GEMV): a type and shape ``GEMV_RULES`` take, rows of
     whole units on 16-byte boundaries and ``vectors`` (the activations' blocks: it loads them 8 and 16 bytes at a
     time), a Gluon-capable device, not turned off."""
-    if (name not in GEMV_RULES or not _turned_on(name) or not _runs_on(data.device)
+    if (name not in GEMV_RULES or not _turned_on(name) or not _runs_on(data.device, _gemv_kernels)
             or any(t.data_ptr() % 16 for t in (data, *vectors)) or data.stride(0) % 16 or cols % UNIT_COLUMNS[name]):
         return None
     forced = os.environ.get("TOOLKIT_GGUF_GLUON_GEMV_LAUNCH")
@@ -80,6 +81,21 @@ def gemv_launch(name: str, data: torch.Tensor, cols: int,
     rows = data.shape[0]
     return next(((step, rpt, warps, split) for step, rpt, warps, split, min_rows, min_cols, max_cols in GEMV_RULES[name]
                  if rows >= min_rows and min_cols <= cols <= max_cols), None)
+
+
+@functools.lru_cache(maxsize=None)
+def _gemv_kernels():
+    """Type name -> the one-token Gluon kernel, or None where this Triton has no Gluon (its API is Triton's
+    experimental one). Imported at the first one-token call: only these modules, not the MMA kernels of 8+ tokens
+    (``gluon_ops._kernels``), whose ``@jit`` definitions a decode would otherwise pay for (each reads its source)."""
+    try:  # noqa: PLC0415 - Gluon only on the GPUs that run it
+        from .gluon_gemv import gluon_gemv_q4k_kernel
+        from .gluon_gemv_q4_0 import gluon_gemv_q4_0_kernel
+        from .gluon_gemv_q6k import gluon_gemv_q6k_kernel
+    except ImportError:
+        return None
+    return {"Q4_K": gluon_gemv_q4k_kernel, "Q5_K": gluon_gemv_q4k_kernel, "Q6_K": gluon_gemv_q6k_kernel,
+            "Q4_0": gluon_gemv_q4_0_kernel}
 
 
 def _turned_on(name: str) -> bool:
@@ -110,16 +126,10 @@ def gluon_gemv(name: str, words: torch.Tensor, scales: torch.Tensor, sums: torch
     out = split_output(split, 1, rows, x)
     grid = (-(-rows // _gemv_rows(step, rpt, warps)), split)
     common = dict(RPT=rpt, num_warps=warps, **launch_options(x.device))
+    kernel = _gemv_kernels()[name]
     if name in ("Q4_K", "Q5_K"):
-        from .gluon_gemv import gluon_gemv_q4k_kernel  # noqa: PLC0415 - Gluon only on the GPUs that run it
-        gluon_gemv_q4k_kernel[grid](words, scales, sums, data, out, rows, cols // split, data.stride(0), SB_STEP=step,
-                                    Q5=name == "Q5_K", **common)
-    elif name == "Q6_K":
-        from .gluon_gemv_q6k import gluon_gemv_q6k_kernel  # noqa: PLC0415
-        gluon_gemv_q6k_kernel[grid](words, scales, data, out, rows, cols // split, data.stride(0), GROUPS=step,
-                                    **common)
-    else:
-        from .gluon_gemv_q4_0 import gluon_gemv_q4_0_kernel  # noqa: PLC0415
-        gluon_gemv_q4_0_kernel[grid](words, scales, data, out, rows, cols // split, data.stride(0), GROUPS=step,
-                                     **common)
+        kernel[grid](words, scales, sums, data, out, rows, cols // split, data.stride(0), SB_STEP=step,
+                     Q5=name == "Q5_K", **common)
+    else:  # Q6_K, Q4_0
+        kernel[grid](words, scales, data, out, rows, cols // split, data.stride(0), GROUPS=step, **common)
     return finish_splits(out, x.dtype, unreduced)

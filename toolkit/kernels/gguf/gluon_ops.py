@@ -56,10 +56,13 @@ def gluon_rule(name: str, rows: int, cols: int, bm: int, device: torch.device, t
     return next((rule for rule in GLUON_RULES if rule.holds(name, rows, cols, bm, tokens)), None)
 
 
-def _runs_on(device: torch.device) -> bool:
+def _runs_on(device: torch.device, kernels=None) -> bool:
+    """An sm_90 GPU, and the Gluon kernels ``kernels()`` imports (default: this module's, ``_kernels``) imported
+    without error. Each family passes its own: a one-token decode imports only its GEMV's modules, not these."""
     if device.type != "cuda":
         return False
-    return _capable(torch.cuda.current_device() if device.index is None else device.index) and _kernels() is not None
+    return (_capable(torch.cuda.current_device() if device.index is None else device.index)
+            and (kernels or _kernels)() is not None)
 
 
 @functools.lru_cache(maxsize=None)

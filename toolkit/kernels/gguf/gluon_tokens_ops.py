@@ -6,6 +6,7 @@ over the grid's second axis where the rows alone give too few programs (``split_
 """
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -42,7 +43,7 @@ def tokens_launch(name: str, data: torch.Tensor, cols: int, tokens: int,
     (``TOOLKIT_GGUF_GLUON_TOKENS=0``). ``TOOLKIT_GGUF_GLUON_TOKENS_LAUNCH=tiles,programs_per_sm`` sets the launch and
     takes every 2-8-token call (benchmarks)."""
     if (name not in TYPES or not MIN_TOKENS <= tokens <= MAX_TOKENS
-            or os.environ.get("TOOLKIT_GGUF_GLUON_TOKENS", "1") == "0" or not _runs_on(data.device)
+            or os.environ.get("TOOLKIT_GGUF_GLUON_TOKENS", "1") == "0" or not _runs_on(data.device, _tokens_kernel)
             or cols % GROUP_COLUMNS or data.stride(0) % 16 or data.data_ptr() % 16):
         return None
     forced = os.environ.get("TOOLKIT_GGUF_GLUON_TOKENS_LAUNCH")
@@ -52,6 +53,16 @@ def tokens_launch(name: str, data: torch.Tensor, cols: int, tokens: int,
     taken = any(tokens >= least_tokens and rows >= least_rows and rows * cols >= least_size and (unreduced or not only)
                 for least_tokens, least_rows, least_size, only in RULES)
     return LAUNCH if taken else None
+
+
+@functools.lru_cache(maxsize=None)
+def _tokens_kernel():
+    """The 2-8-token Q4_0 kernel, or None where this Triton has no Gluon (imported at the first call it could take)."""
+    try:  # noqa: PLC0415 - Gluon only on the GPUs that run it
+        from .gluon_tokens_q4_0 import gluon_tokens_q4_0_kernel
+    except ImportError:
+        return None
+    return gluon_tokens_q4_0_kernel
 
 
 def gluon_tokens(words: torch.Tensor, scales: torch.Tensor, data: torch.Tensor, cols: int, x: torch.Tensor,
@@ -64,8 +75,7 @@ def gluon_tokens(words: torch.Tensor, scales: torch.Tensor, data: torch.Tensor, 
     programs = -(-rows // (16 * tiles))
     split = split_k(programs, cols // GROUP_COLUMNS, x.device, programs_per_sm=programs_per_sm)
     out = split_output(split, tokens, rows, x)
-    from .gluon_tokens_q4_0 import gluon_tokens_q4_0_kernel  # noqa: PLC0415 - Gluon only on the GPUs that run it
-    gluon_tokens_q4_0_kernel[(programs, split)](
+    _tokens_kernel()[(programs, split)](
         words, scales, data, out, tokens, rows, cols // split, data.stride(0), words.stride(0), scales.stride(0),
         TILES=tiles, num_warps=1, **launch_options(x.device))
     return finish_splits(out, x.dtype, unreduced)
