@@ -23,7 +23,10 @@ checkpoint closed and its files unmapped: ``core/release.py``).
 the start of the ``build`` phase to the end of that token. llama.cpp's own "load time" starts after
 its loader has parsed the file's metadata and tensor table (``t_start_us`` is taken after
 ``llama_model_loader``'s constructor, and its backends were registered before: our ``plugins`` and
-``open``) and ends with its first evaluation, so this is the same stretch of work on our side. On
+``open``) and ends with its first evaluation, so this is the same stretch of work on our side. That
+evaluation is llama-bench's warm-up of one generated token: one token (the vocabulary's BOS) decoded
+in an empty context (``test_gen(ctx, 1, ...)`` in tools/llama-bench/llama-bench.cpp); ours is the
+same one-token prompt (BOS, else the first token ``encode("Hello")`` gives) and its greedy pick. On
 CUDA the token's first kernel call imports Triton (a GGUF load does not): that import is timed on its
 own, just before the token, and reported as part of it.
 
@@ -93,7 +96,8 @@ def one_token():  # (seconds for one greedy token, of which importing Triton: No
     if device.startswith("cuda") and "triton" not in sys.modules:  # the first kernel call would import it
         import triton
         imported = time.perf_counter() - start
-    loaded.generate(loaded.tokenizer.encode("Hello"), max_new_tokens=1)
+    bos = loaded.config.bos_token_id
+    loaded.generate([bos] if bos is not None else loaded.tokenizer.encode("Hello")[:1], max_new_tokens=1)
     if device.startswith("cuda"):
         torch.cuda.synchronize()
     return time.perf_counter() - start, imported

@@ -36,8 +36,9 @@ case "$1" in
     build="$work/llama.cpp/build"
     # byte-compile toolkit and gguf-py as a normal pip install would have: a --no-compile --target install
     # (the device recipe) otherwise compiles every module from source inside the timed load, every time, as the
-    # image sets PYTHONDONTWRITEBYTECODE=1 (~0.1 s on a 2-core box; gguf-py alone 0.056 s on the H100)
-    for package in toolkit gguf; do
+    # image sets PYTHONDONTWRITEBYTECODE=1 (~0.1 s on a 2-core box; gguf-py alone 0.056 s on the H100). The image's
+    # Triton has no bytecode either: its import and the first token compiled ~80 of its modules (session 33's profile)
+    for package in toolkit gguf triton; do
       python3 -m compileall -q "$(python3 -c "import os, $package; print(os.path.dirname($package.__file__))")" > /dev/null
     done
     case "$2" in
