@@ -103,21 +103,24 @@ import torch
 from toolkit.kernels.gguf import gluon_gemv_ops, gluon_ops, gluon_tokens_ops
 gluon_ops._capable = lambda index: True  # as on an H100, where the check runs before the first one-token GEMV
 cuda = torch.device("cuda", 0)
-print(json.dumps([gluon_gemv_ops._runs_on(cuda, gluon_gemv_ops._gemv_kernels),
-                  gluon_tokens_ops._runs_on(cuda, gluon_tokens_ops._tokens_kernel),
-                  sorted(m for m in sys.modules if m.startswith("toolkit.kernels"))]))
+checks = [gluon_gemv_ops._runs_on(cuda, gluon_gemv_ops._gemv_kernels),
+          gluon_tokens_ops._runs_on(cuda, gluon_tokens_ops._tokens_kernel),
+          # a decode's head (Q6_K, one token) asks whether the 16-bit kernels' Gluon form takes it: no rule does
+          gluon_ops.gluon_rule("Q6_K", 151936, 1536, 16, cuda, tokens=1) is None]
+print(json.dumps([*checks, sorted(m for m in sys.modules if m.startswith("toolkit.kernels"))]))
 """
 
 
 def test_the_one_token_gluon_gemvs_check_imports_only_their_own_kernels():
-    """Whether the one-token (and 2-8-token) Gluon kernels can run imports those kernels, not the 8+-token MMA
+    """Whether the one-token (and 2-8-token) Gluon kernels can run imports those kernels, and asking whether a
+    one-token call goes to an MMA kernel imports nothing, so a decode imports none of the 8+-token MMA
     kernels (``gluon_q4_k``, ``gluon_q6_k``, ``gluon_q4_0``, and ``triton_mmq`` through ``gluon_q4_k``): a decode
     token launches none of them, and each of their ``@jit`` definitions reads its source at import."""
     pytest.importorskip("triton")
     done = subprocess.run([sys.executable, "-c", GLUON_CHECK_WORKER], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
-    gemv_runs, tokens_runs, modules = json.loads(done.stdout.strip().splitlines()[-1])
-    assert gemv_runs and tokens_runs  # this Triton has Gluon, so the checks imported their kernels
+    gemv_runs, tokens_runs, no_rule, modules = json.loads(done.stdout.strip().splitlines()[-1])
+    assert gemv_runs and tokens_runs and no_rule  # this Triton has Gluon, so the checks imported their kernels
     assert {"toolkit.kernels.gguf.gluon_gemv", "toolkit.kernels.gguf.gluon_gemv_q6k",
             "toolkit.kernels.gguf.gluon_gemv_q4_0", "toolkit.kernels.gguf.gluon_tokens_q4_0"} <= set(modules)
     unlaunched = ("toolkit.kernels.gguf.gluon_q4_k", "toolkit.kernels.gguf.gluon_q6_k",

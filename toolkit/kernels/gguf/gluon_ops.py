@@ -50,10 +50,11 @@ GLUON_LAUNCH = {"bn": 64, "num_warps": 4, "stages": 2, "programs_per_sm": 4, "gr
 def gluon_rule(name: str, rows: int, cols: int, bm: int, device: torch.device, tokens: int = 0) -> Dot16Rule | None:
     """The ``GLUON_RULES`` entry that sends this call to a Gluon kernel, or None (other types and shapes, a device
     without warpgroup MMAs, Triton without Gluon, ``TOOLKIT_GGUF_GLUON=0``, ``TOOLKIT_GGUF_DOT16_LAUNCH`` set)."""
-    if os.environ.get("TOOLKIT_GGUF_GLUON", "1") == "0" or os.environ.get("TOOLKIT_GGUF_DOT16_LAUNCH") \
-            or not _runs_on(device):  # a launch set for the Triton kernel times that kernel
-        return None
-    return next((rule for rule in GLUON_RULES if rule.holds(name, rows, cols, bm, tokens)), None)
+    if os.environ.get("TOOLKIT_GGUF_GLUON", "1") == "0" or os.environ.get("TOOLKIT_GGUF_DOT16_LAUNCH"):
+        return None  # a launch set for the Triton kernel times that kernel
+    rule = next((rule for rule in GLUON_RULES if rule.holds(name, rows, cols, bm, tokens)), None)
+    # the device check last: it imports the kernels, which a call no rule takes (a decode's) never launches
+    return rule if rule is not None and _runs_on(device) else None
 
 
 def _runs_on(device: torch.device, kernels=None) -> bool:
