@@ -33,7 +33,7 @@ def test_taken_by_shape_and_tokens(monkeypatch, name, rows, cols, tokens, unredu
     (an o or down projection) from 5 tokens, or 4 at 16M weights."""
     monkeypatch.delenv("TOOLKIT_GGUF_GLUON_TOKENS", raising=False)
     monkeypatch.delenv("TOOLKIT_GGUF_GLUON_TOKENS_LAUNCH", raising=False)
-    monkeypatch.setattr(gluon_tokens_ops, "_runs_on", lambda device: True)
+    monkeypatch.setattr(gluon_tokens_ops, "_runs_on", lambda device, kernels=None: True)
     launch = gluon_tokens_ops.tokens_launch(name, _packed(name, rows, cols), cols, tokens, unreduced)
     assert (launch == gluon_tokens_ops.LAUNCH) if taken else launch is None
 
@@ -43,7 +43,7 @@ def test_not_taken_off_the_gpu_turned_off_or_unaligned(monkeypatch):
     monkeypatch.delenv("TOOLKIT_GGUF_GLUON_TOKENS", raising=False)
     monkeypatch.delenv("TOOLKIT_GGUF_GLUON_TOKENS_LAUNCH", raising=False)
     assert gluon_tokens_ops.tokens_launch("Q4_0", data, 2048, 8) is None                    # a CPU tensor
-    monkeypatch.setattr(gluon_tokens_ops, "_runs_on", lambda device: True)
+    monkeypatch.setattr(gluon_tokens_ops, "_runs_on", lambda device, kernels=None: True)
     assert gluon_tokens_ops.tokens_launch("Q4_0", data, 2048, 8) is not None
     monkeypatch.setenv("TOOLKIT_GGUF_GLUON_TOKENS", "0")
     assert gluon_tokens_ops.tokens_launch("Q4_0", data, 2048, 8) is None
