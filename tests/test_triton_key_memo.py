@@ -73,6 +73,12 @@ def test_a_foreign_or_unwritable_store_costs_only_the_computation(tmp_path):
     assert compute.calls == 3
     assert remembered_key(compute, str(tmp_path / "no-triton-here"), "9.9.9", store) == "9.9.9-abc"
 
+    # a key written but not renamed into place (here a folder holds the key's name) leaves no temporary file
+    other = tmp_path / "other-store"
+    (other / f"{fingerprint(triton_dir, '9.9.9')}.key").mkdir(parents=True)
+    assert remembered_key(compute, triton_dir, "9.9.9", other) == "9.9.9-abc"
+    assert not list(other.glob("*.tmp"))
+
 
 needs_triton = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="Triton is not installed")
 

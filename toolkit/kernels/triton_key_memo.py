@@ -20,6 +20,7 @@ new modification times, so a new fingerprint and Triton's own key again.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import os
@@ -78,13 +79,17 @@ def remembered_key(compute: Callable[[], str], triton_dir: str, version: str, st
     except (OSError, UnicodeDecodeError):
         pass
     key = compute()
+    temporary = None
     try:
         store.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile("w", encoding="utf-8", dir=store, suffix=".tmp", delete=False) as handle:
+            temporary = handle.name
             handle.write(key)
-        os.replace(handle.name, path)
+        os.replace(temporary, path)
     except OSError:
-        pass
+        if temporary is not None:  # written but not renamed (a full disk, say): leave no half-made file behind
+            with contextlib.suppress(OSError):
+                os.unlink(temporary)
     return key
 
 
@@ -114,7 +119,6 @@ def install() -> bool:
     def triton_key() -> str:
         return remembered_key(original, triton_dir, version, store)
 
-    triton_key.triton_original = original
     cache.triton_key = triton_key
     if getattr(autotuner, "triton_key", None) is not None:
         autotuner.triton_key = triton_key
