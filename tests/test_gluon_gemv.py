@@ -27,15 +27,18 @@ def _packed(name: str, rows: int, cols: int) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("name, rows, cols, launch", [
-    ("Q4_K", 28672, 4096, (8, 4, 1, 0)), ("Q4_K", 16384, 2048, (8, 4, 1, 0)), ("Q4_K", 4096, 4096, (8, 2, 1, 0)),
-    ("Q4_K", 2048, 2048, (8, 4, 4, 1)), ("Q4_K", 2560, 2048, (8, 4, 4, 1)), ("Q4_K", 256, 2048, (8, 2, 1, 0)),
-    ("Q4_K", 4096, 14336, (8, 4, 4, 1)), ("Q4_K", 2048, 8192, None),
-    ("Q6_K", 4096, 14336, (1, 1, 1, 7)), ("Q6_K", 128256, 4096, (1, 1, 1, 7)), ("Q6_K", 4096, 4096, None),
-    ("Q6_K", 1024, 4096, None), ("Q6_K", 151936, 1536, None), ("Q6_K", 1536, 8960, None),
-    ("Q4_0", 4096, 4096, (8, 2, 4, 0)), ("Q4_0", 16384, 2048, (8, 2, 4, 0)), ("Q4_0", 4096, 14336, (8, 1, 1, 0)),
-    ("Q4_0", 2048, 8192, (8, 1, 1, 0)), ("Q4_0", 4096, 6144, None), ("Q4_0", 4096, 2080, None),
-    ("Q8_0", 4096, 4096, None), ("Q5_K", 4096, 4096, (8, 2, 4, 0)),
-    ("Q5_K", 4096, 14336, (8, 2, 4, 0)), ("Q5_K", 2048, 8192, (8, 2, 4, 0))])
+    ("Q4_K", 28672, 4096, (8, 4, 1, 0, 0)), ("Q4_K", 16384, 2048, (8, 4, 1, 0, 0)),
+    ("Q4_K", 4096, 4096, (8, 2, 1, 0, 0)), ("Q4_K", 2048, 2048, (8, 4, 4, 1, 0)), ("Q4_K", 2560, 2048, (8, 4, 4, 1, 0)),
+    ("Q4_K", 256, 2048, (8, 2, 1, 0, 0)),
+    ("Q4_K", 4096, 14336, (8, 4, 4, 1, 0)), ("Q4_K", 2048, 8192, None),
+    ("Q6_K", 4096, 14336, (1, 1, 1, 7, 0)), ("Q6_K", 128256, 4096, (1, 1, 1, 7, 0)),
+    ("Q6_K", 32000, 2048, (1, 1, 1, 7, 0)), ("Q6_K", 4096, 4096, None), ("Q6_K", 1024, 4096, None),
+    ("Q6_K", 151936, 1536, None), ("Q6_K", 1536, 8960, None),
+    ("Q4_0", 4096, 4096, (8, 2, 4, 0, 0)), ("Q4_0", 16384, 2048, (8, 2, 4, 0, 0)),
+    ("Q4_0", 4096, 14336, (8, 1, 1, 0, 0)), ("Q4_0", 2048, 8192, (8, 1, 1, 0, 0)), ("Q4_0", 4096, 6144, None),
+    ("Q4_0", 4096, 2080, None),
+    ("Q8_0", 4096, 4096, None), ("Q5_K", 4096, 4096, (8, 2, 4, 0, 0)),
+    ("Q5_K", 4096, 14336, (8, 2, 4, 0, 0)), ("Q5_K", 2048, 8192, (8, 2, 4, 0, 0))])
 def test_launch_by_type_and_shape(monkeypatch, name, rows, cols, launch):
     """Q4_K, Q5_K, Q6_K and Q4_0 at the shapes the H100 sweeps measured them faster (``GEMV_RULES``); Q6_K only of
     16-byte-aligned rows (2,048-column multiples), Q4_0 and Q5_K of whole super-blocks / groups of eight blocks
@@ -62,9 +65,11 @@ def test_not_taken_off_the_gpu_turned_off_or_unaligned(monkeypatch):
     assert gluon_gemv_ops.gemv_launch("Q4_K", data, 4096, scales) is None
 
 
-def _compile_script(module: str, kernel: str, step: str, launches: tuple, extra: dict | None = None) -> str:
+def _compile_script(module: str, kernel: str, step: str, launches: tuple, extra: dict | None = None,
+                    options: dict | None = None) -> str:
     """A script compiling ``module.kernel`` for sm_90 at each ``(step, rows per thread, warps)`` of ``launches``
-    (``step`` the kernel's constexpr for it; ``extra``: more constexprs), printing each launch's PTX as JSON."""
+    (``step`` the kernel's constexpr for it; ``extra``: more constexprs; ``options``: more compile options), printing
+    each launch's PTX as JSON."""
     return textwrap.dedent(f"""
         import json
         import triton
@@ -82,7 +87,7 @@ def _compile_script(module: str, kernel: str, step: str, launches: tuple, extra:
                        if arg.endswith("_ptr") or arg in ("row_bytes", "K_SPLIT")}}
             compiled = triton.compile(GluonASTSource(kernel, signature, constexprs, aligned),
                                       target=GPUTarget("cuda", 90, 32),
-                                      options={{"num_warps": warps, "launch_pdl": True}})
+                                      options={{"num_warps": warps, "launch_pdl": True, **{options or {}!r}}})
             cases[f"{{step}} {{rpt}} {{warps}}"] = {{"ptx": compiled.asm["ptx"], "rpt": rpt}}
         print(json.dumps(cases))
     """)
@@ -169,6 +174,29 @@ def test_q6k_compiled_for_sm90_reads_its_2_aligned_fields_as_16_byte_vectors():
         assert sum(line.count("shf.r.clamp.b32") for line in loop) == 4 * 3 * 4 * rpt, launch  # 4 odd-offset blocks
         assert sum(line.startswith("dp4a.s32.s32") for line in loop) == 8 * 16 * (rpt + 1), launch
 
+
+SCRIPT_Q6K_CAPPED = _compile_script("gluon_gemv_q6k", "gluon_gemv_q6k_kernel", "GROUPS", ((1, 1, 1),),
+                                    options={"maxnreg": gluon_gemv_ops.Q6K_REGISTERS})
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not HAS_GLUON, reason="Triton with Gluon is not installed")
+def test_q6k_register_cap_holds_without_spilling():
+    """The Q6_K register cap to measure (``gluon_gemv_ops.Q6K_REGISTERS``) is there so that 32 one-warp programs fit an
+    SM: ptxas (Triton's own, for sm_90a) must fit the kernel at the rules' launch under it with nothing spilled to
+    local memory, which would trade the extra programs for memory traffic."""
+    import subprocess
+
+    from triton import knobs
+    cases = compile_in_fresh_process(SCRIPT_Q6K_CAPPED)
+    ptx = cases["1 1 1"]["ptx"]
+    assert f".maxnreg {gluon_gemv_ops.Q6K_REGISTERS}" in ptx
+    report = subprocess.run([knobs.nvidia.ptxas.path, "-arch=sm_90a", "-v", "-", "-o", "/dev/null"], input=ptx,
+                            capture_output=True, text=True, check=True).stderr
+    registers = int(re.search(r"Used (\d+) registers", report).group(1))
+    assert registers <= gluon_gemv_ops.Q6K_REGISTERS, report
+    assert "0 bytes spill stores, 0 bytes spill loads" in report and "0 bytes stack frame" in report, report
+
 SCRIPT_Q4_0 = _compile_script("gluon_gemv_q4_0", "gluon_gemv_q4_0_kernel", "GROUPS", ((8, 1, 1), (8, 2, 1), (4, 4, 4)))
 
 
@@ -250,9 +278,11 @@ def test_within_activation_rounding_of_gguf_py():
 @pytest.mark.skipif(not _h100(), reason="needs an H100/H200 (sm_90) and Triton with Gluon")
 def test_q6k_within_activation_rounding_of_gguf_py():
     """Q6_K as Q4_K: rows off the program size, one and two groups per step, 1-2 rows per thread, 1 and 4 warps, K split
-    and not; the dispatch sends one-token Q6_K calls of 2,048-column multiples to it, at 8,192 rows and more here."""
+    and not, the register cap to measure; the dispatch sends one-token Q6_K calls of 2,048-column multiples to it, at
+    8,192 rows and more here."""
     _check_against_gguf_py("Q6_K", slice(208, 210), 0.002, ((37, 2048), (130, 4096), (1000, 14336), (8200, 4096)),
-                           ((1, 1, 1, 0), (1, 2, 1, 1), (2, 2, 1, 0), (1, 2, 4, 0), (1, 1, 1, 7), (2, 1, 4, 2)),
+                           ((1, 1, 1, 0), (1, 2, 1, 1), (2, 2, 1, 0), (1, 2, 4, 0), (1, 1, 1, 7), (2, 1, 4, 2),
+                            (1, 1, 1, 7, gluon_gemv_ops.Q6K_REGISTERS)),
                            seed=11, taken=lambda rows: rows >= 8192)
 
 

@@ -21,8 +21,9 @@ from .gluon_ops import _runs_on
 # Columns one unit of ``step`` covers: a Q4_K super-block; eight Q6_K super-blocks, eight Q4_0 blocks (the kernels'
 # 16-byte-aligned groups).
 UNIT_COLUMNS = {"Q4_K": 256, "Q5_K": 256, "Q6_K": 2048, "Q4_0": 256}
-# The launch by weight shape: (units per step, rows per thread, warps, K split (0: the caller's), least rows, least
-# columns, most columns), the first that holds; other shapes keep ``triton_gemv_tokens``.
+Q6K_REGISTERS = 64   # the Q6_K register cap to measure (below); not in the rules until a GPU has timed it
+# The launch by weight shape: (units per step, rows per thread, warps, K split (0: the caller's), register cap (0:
+# none), least rows, least columns, most columns), the first that holds; other shapes keep ``triton_gemv_tokens``.
 # Q4_K, session 20's H100 sweep (``.dev``: CUDA graphs over weight copies beyond L2, activations' blocks attached as the
 # norms hand them), us, this kernel / the Triton GEMV with its rules: 28672x4096 27.3 / 31.1 (81% / 71% of a device
 # copy), 5120x4096 7.1 / 7.4, 4096x4096 6.4 / 6.6, 16384x2048 10.8 / 11.3, 2560x2048 3.1 / 3.4, 2048x2048 2.8 / 3.1,
@@ -54,22 +55,31 @@ UNIT_COLUMNS = {"Q4_K": 256, "Q5_K": 256, "Q6_K": 2048, "Q4_0": 256}
 # 16384x2048 10.9 / 14.5, 2048x2048 2.3 / 3.6, 2048x8192 7.5 / 8.0, 1024x4096 3.1 / 3.5: ahead or even at every shape
 # of nine launches tried (one warp: 4096x14336 19.2-22.7). Engine A/B, 1.5B Q5_K_M at batch 1 (fresh processes, two
 # rounds): 1,079.3 / 1,081.9 against 891.2 / 890.4 tok/s with the Triton GEMV.
+# Register caps (the launch's fifth number, ptxas' ``.maxnreg``; 0: the compiler's count). The Q6_K kernel at its rule
+# takes 74 registers, so 25 of its one-warp programs fit an SM (64K registers, allocated 256 at a time per warp) and a
+# 4096x14336 or 14336x4096 weight (3,584 programs: 512 or 1,792 row blocks x the K split of 7 or 2) runs 1.09 waves
+# on 132 SMs, the last 284 programs alone. Capped at ``Q6K_REGISTERS`` = 64 (no spills: tests/test_gluon_gemv.py runs
+# ptxas) an SM would hold 32, the most one-warp programs it takes, and the grid would be one wave (4,224 places).
+# Session 34 got no GPU to time it, so the rules keep no cap; ``TOOLKIT_GGUF_GLUON_GEMV_LAUNCH=1,1,1,7,64`` runs it.
+# (Session 25 counted 28 programs per SM at 74 registers; rounded to 256 per warp it is 25.) The Q4_K launches spill
+# under any cap that would add a program per SM (four rows per thread: 104 registers, spilling at 96).
 # ``TOOLKIT_GGUF_GLUON_GEMV=0`` keeps the Triton GEMV, ``=Q4_K`` (type names, comma-separated) keeps it for the other
-# types; ``TOOLKIT_GGUF_GLUON_GEMV_LAUNCH=step,rows per thread,warps,split`` (split 0: the rule's) sets the launch
-# (benchmarks).
+# types; ``TOOLKIT_GGUF_GLUON_GEMV_LAUNCH=step,rows per thread,warps,split[,registers]`` (split 0: the rule's;
+# registers 0 or left out: no cap) sets the launch (benchmarks).
 GEMV_RULES = {
-    "Q4_K": ((8, 4, 1, 0, 16384, 0, 4096), (8, 4, 4, 1, 2048, 0, 2048), (8, 2, 1, 0, 0, 0, 4096),
-             (8, 4, 4, 1, 4096, 8192, 1 << 40)),
-    "Q5_K": ((8, 2, 4, 0, 0, 0, 1 << 40),),
-    "Q6_K": ((1, 1, 1, 7, 4096, 8192, 1 << 40), (1, 1, 1, 7, 8192, 2048, 1 << 40)),
-    "Q4_0": ((8, 2, 4, 0, 0, 0, 4096), (8, 1, 1, 0, 0, 8192, 1 << 40)),
+    "Q4_K": ((8, 4, 1, 0, 0, 16384, 0, 4096), (8, 4, 4, 1, 0, 2048, 0, 2048), (8, 2, 1, 0, 0, 0, 0, 4096),
+             (8, 4, 4, 1, 0, 4096, 8192, 1 << 40)),
+    "Q5_K": ((8, 2, 4, 0, 0, 0, 0, 1 << 40),),
+    "Q6_K": ((1, 1, 1, 7, 0, 4096, 8192, 1 << 40), (1, 1, 1, 7, 0, 8192, 2048, 1 << 40)),
+    "Q4_0": ((8, 2, 4, 0, 0, 0, 0, 4096), (8, 1, 1, 0, 0, 0, 8192, 1 << 40)),
 }
 
 
 def gemv_launch(name: str, data: torch.Tensor, cols: int,
-                *vectors: torch.Tensor) -> tuple[int, int, int, int] | None:
-    """The Gluon GEMV's ``(units per step, rows per thread, warps, K split)`` for the one-token call of type ``name``
-    on ``data`` (split 0: the caller's), or None (the Triton GEMV): a type and shape ``GEMV_RULES`` take, rows of
+                *vectors: torch.Tensor) -> tuple[int, int, int, int, int] | None:
+    """The Gluon GEMV's ``(units per step, rows per thread, warps, K split, register cap)`` for the one-token call of
+    type ``name`` on ``data`` (split 0: the caller's; cap 0: none), or None (the Triton GEMV): a type and shape
+    ``GEMV_RULES`` take, rows of
     whole units on 16-byte boundaries and ``vectors`` (the activations' blocks: it loads them 8 and 16 bytes at a
     time), a Gluon-capable device, not turned off."""
     if (name not in GEMV_RULES or not _turned_on(name) or not _runs_on(data.device, _gemv_kernels)
@@ -77,10 +87,9 @@ def gemv_launch(name: str, data: torch.Tensor, cols: int,
         return None
     forced = os.environ.get("TOOLKIT_GGUF_GLUON_GEMV_LAUNCH")
     if forced:
-        return tuple(int(v) for v in (forced.split(",") + ["0"])[:4])
+        return tuple(int(v) for v in (forced.split(",") + ["0", "0"])[:5])
     rows = data.shape[0]
-    return next(((step, rpt, warps, split) for step, rpt, warps, split, min_rows, min_cols, max_cols in GEMV_RULES[name]
-                 if rows >= min_rows and min_cols <= cols <= max_cols), None)
+    return next((rule[:5] for rule in GEMV_RULES[name] if rows >= rule[5] and rule[6] <= cols <= rule[7]), None)
 
 
 @functools.lru_cache(maxsize=None)
@@ -109,14 +118,14 @@ def _gemv_rows(step: int, rpt: int, warps: int) -> int:
 
 
 def gluon_gemv(name: str, words: torch.Tensor, scales: torch.Tensor, sums: torch.Tensor | None, data: torch.Tensor,
-               cols: int, x: torch.Tensor, launch: tuple[int, int, int, int], split: int | None,
+               cols: int, x: torch.Tensor, launch: tuple[int, ...], split: int | None,
                unreduced: bool = False) -> torch.Tensor:
     """``x [1, cols] @ W.T`` for a weight ``data [rows, row bytes]`` of type ``name`` from x's int8 blocks (``words``,
     ``scales``, ``sums`` (Q4_K's): ``dp4a_ops.activation_blocks``) with ``launch`` (``gemv_launch``'s); ``[1, rows]``
     in x's dtype, or its split-K partial sums with ``unreduced`` (``triton_reduce.finish_splits``). ``split``: K cut
     in as many where the launch gives none (None: automatic), else the most that divides the units (cut to fewer);
-    fewer units per step where they do not divide a split's."""
-    step, rpt, warps, forced = launch
+    fewer units per step where they do not divide a split's. A launch of four numbers has no register cap."""
+    step, rpt, warps, forced, registers = (*launch, 0)[:5]
     rows, units = data.shape[0], cols // UNIT_COLUMNS[name]
     split = forced or split or split_k(-(-rows // _gemv_rows(step, rpt, warps)), units // step or 1, x.device)
     while units % split:
@@ -126,6 +135,8 @@ def gluon_gemv(name: str, words: torch.Tensor, scales: torch.Tensor, sums: torch
     out = split_output(split, 1, rows, x)
     grid = (-(-rows // _gemv_rows(step, rpt, warps)), split)
     common = dict(RPT=rpt, num_warps=warps, **launch_options(x.device))
+    if registers:
+        common["maxnreg"] = registers
     kernel = _gemv_kernels()[name]
     if name in ("Q4_K", "Q5_K"):
         kernel[grid](words, scales, sums, data, out, rows, cols // split, data.stride(0), SB_STEP=step,
