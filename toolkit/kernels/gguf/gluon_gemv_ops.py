@@ -79,9 +79,8 @@ def gemv_launch(name: str, data: torch.Tensor, cols: int,
                 *vectors: torch.Tensor) -> tuple[int, int, int, int, int] | None:
     """The Gluon GEMV's ``(units per step, rows per thread, warps, K split, register cap)`` for the one-token call of
     type ``name`` on ``data`` (split 0: the caller's; cap 0: none), or None (the Triton GEMV): a type and shape
-    ``GEMV_RULES`` take, rows of
-    whole units on 16-byte boundaries and ``vectors`` (the activations' blocks: it loads them 8 and 16 bytes at a
-    time), a Gluon-capable device, not turned off."""
+    ``GEMV_RULES`` take, rows of whole units on 16-byte boundaries and ``vectors`` (the activations' blocks: it loads
+    them 8 and 16 bytes at a time), a Gluon-capable device, not turned off."""
     if (name not in GEMV_RULES or not _turned_on(name) or not _runs_on(data.device, _gemv_kernels)
             or any(t.data_ptr() % 16 for t in (data, *vectors)) or data.stride(0) % 16 or cols % UNIT_COLUMNS[name]):
         return None
@@ -89,7 +88,8 @@ def gemv_launch(name: str, data: torch.Tensor, cols: int,
     if forced:
         return tuple(int(v) for v in (forced.split(",") + ["0", "0"])[:5])
     rows = data.shape[0]
-    return next((rule[:5] for rule in GEMV_RULES[name] if rows >= rule[5] and rule[6] <= cols <= rule[7]), None)
+    return next((tuple(launch) for *launch, min_rows, min_cols, max_cols in GEMV_RULES[name]
+                 if rows >= min_rows and min_cols <= cols <= max_cols), None)
 
 
 @functools.lru_cache(maxsize=None)
