@@ -32,7 +32,8 @@ def _packed(name: str, rows: int, cols: int) -> torch.Tensor:
     ("Q4_K", 256, 2048, (8, 2, 1, 0, 0)),
     ("Q4_K", 4096, 14336, (8, 4, 4, 1, 0)), ("Q4_K", 2048, 8192, None),
     ("Q6_K", 4096, 14336, (1, 1, 1, 7, 0)), ("Q6_K", 128256, 4096, (1, 1, 1, 7, 0)),
-    ("Q6_K", 32000, 2048, (1, 1, 1, 7, 0)), ("Q6_K", 4096, 4096, None), ("Q6_K", 1024, 4096, None),
+    ("Q6_K", 32000, 2048, (1, 1, 1, 7, 64)), ("Q6_K", 8192, 6144, (1, 1, 1, 7, 0)), ("Q6_K", 4096, 4096, None),
+    ("Q6_K", 1024, 4096, None),
     ("Q6_K", 151936, 1536, None), ("Q6_K", 1536, 8960, None),
     ("Q4_0", 4096, 4096, (8, 2, 4, 0, 0)), ("Q4_0", 16384, 2048, (8, 2, 4, 0, 0)),
     ("Q4_0", 4096, 14336, (8, 1, 1, 0, 0)), ("Q4_0", 2048, 8192, (8, 1, 1, 0, 0)), ("Q4_0", 4096, 6144, None),
@@ -182,9 +183,9 @@ SCRIPT_Q6K_CAPPED = _compile_script("gluon_gemv_q6k", "gluon_gemv_q6k_kernel", "
 @pytest.mark.slow
 @pytest.mark.skipif(not HAS_GLUON, reason="Triton with Gluon is not installed")
 def test_q6k_register_cap_holds_without_spilling():
-    """The Q6_K register cap to measure (``gluon_gemv_ops.Q6K_REGISTERS``) is there so that 32 one-warp programs fit an
-    SM: ptxas (Triton's own, for sm_90a) must fit the kernel at the rules' launch under it with nothing spilled to
-    local memory, which would trade the extra programs for memory traffic."""
+    """The Q6_K register cap of 2,048-column weights (``gluon_gemv_ops.Q6K_REGISTERS``) lets 32 one-warp programs
+    share an SM: ptxas (Triton's own, for sm_90a) must fit the kernel at the rules' launch under it with nothing
+    spilled to local memory, which would trade the extra programs for memory traffic."""
     import subprocess
 
     from triton import knobs
