@@ -56,18 +56,19 @@ Q6K_REGISTERS = 64   # the Q6_K register cap of 2,048-column weights (below)
 # of nine launches tried (one warp: 4096x14336 19.2-22.7). Engine A/B, 1.5B Q5_K_M at batch 1 (fresh processes, two
 # rounds): 1,079.3 / 1,081.9 against 891.2 / 890.4 tok/s with the Triton GEMV.
 # Register caps (the launch's fifth number, ptxas' ``.maxnreg``; 0: the compiler's count). The Q6_K kernel at its rule
-# takes 74 registers, so 25 of its one-warp programs fit an SM (64K registers, allocated 256 at a time per warp) and a
-# 4096x14336 or 14336x4096 weight (3,584 programs: 512 or 1,792 row blocks x the K split of 7 or 2) runs 1.09 waves
-# on 132 SMs, the last 284 programs alone. Capped at ``Q6K_REGISTERS`` = 64 (no spills: tests/test_gluon_gemv.py runs
-# ptxas) an SM holds 32, the most one-warp programs it takes, and the grid would be one wave (4,224 places).
+# takes 74 registers, so 25 of its one-warp programs fit an SM (64K registers, allocated 256 at a time per warp; session
+# 25 counted 28, leaving out the rounding) and a 4096x14336 or 14336x4096 weight (3,584 programs: 512 or 1,792 row
+# blocks x the K split of 7 or 2) runs 1.09 waves on 132 SMs, the last 284 programs alone. Capped at
+# ``Q6K_REGISTERS`` = 64 (no spills: tests/test_gluon_gemv.py runs ptxas) an SM holds 32, the most one-warp programs
+# it takes, and the grid would be one wave (4,224 places).
 # Session 35's H100 timing (bench/bench_gguf_kernels.py, the launch forced, two rounds, us, no cap / 64 / 72): that
 # one wave bought nothing, 4096x14336 25.5-25.6 / 25.5-25.6 / 26.5, 14336x4096 24.5-24.6 / 24.6-24.8 / 25.6, and the
 # 8B head 128256x4096 172.6-173.5 / 175.2-175.5 / 180.7; but the 1.5B head 32000x2048 (4,000 programs of one group
 # of eight: 1.21 waves uncapped, one capped) 29.3-30.0 / 26.1-26.2 / 28.9, 61% -> 69% of a device copy. So only
 # 2,048-column weights take the cap. Engine A/B (fresh processes, two rounds, mean TPOT at batch 1): 1.5B Q4_K_M
 # 0.870-0.874 against 0.877-0.878 ms; the 8B (no Q6_K weight of 2,048 columns) 2.487-2.488 against 2.489-2.490.
-# (Session 25 counted 28 programs per SM at 74 registers; rounded to 256 per warp it is 25.) The Q4_K launches spill
-# under any cap that would add a program per SM (four rows per thread: 104 registers, spilling at 96).
+# The Q4_K launches spill under any cap that would add a program per SM (four rows per thread: 104 registers,
+# spilling at 96).
 # ``TOOLKIT_GGUF_GLUON_GEMV=0`` keeps the Triton GEMV, ``=Q4_K`` (type names, comma-separated) keeps it for the other
 # types; ``TOOLKIT_GGUF_GLUON_GEMV_LAUNCH=step,rows per thread,warps,split[,registers]`` (split 0: the rule's;
 # registers 0 or left out: no cap) sets the launch (benchmarks).
