@@ -88,6 +88,7 @@ def variants(name: str, rows: int, cols: int, tokens: int, sweep: bool, copies: 
 
 def _all_variants(name: str, rows: int, cols: int, tokens: int, sweep: bool, copies: int = 1) -> dict:
     from gguf import GGMLQuantizationType
+    from toolkit.kernels import int8_blocks
     from toolkit.kernels.gguf import dot16_ops, gemv_launch, gluon_ops, gluon_tokens_ops, reference, triton_ops
     qtype = int(GGMLQuantizationType[name])
     weights = []
@@ -112,6 +113,14 @@ def _all_variants(name: str, rows: int, cols: int, tokens: int, sweep: bool, cop
                         else triton_ops.SMALL_BATCH_CONFIG)                      # the float kernel it replaced
         out["float_kernel"] = each(lambda data, dense: triton_ops.fused_matmul(x, data, qtype, cols, float_config))
         out["tokens_default"] = each(lambda data, dense: triton_ops.dp4a_tokens_matmul(x, data, qtype, cols))
+        # as a decode step runs it: x's int8 blocks attached by the op that wrote x (a norm, an activation), split-K
+        # partial sums handed to the next op; "tokens_default" also rounds x and reduces the sums (two more launches)
+        sums = name in gemv_launch.TOKENS_SUM_TYPES
+        handed = x.clone()
+        words, scales, *block_sums = triton_ops.quantize_activations(handed, sums=sums)
+        int8_blocks.attach(handed, words, scales, block_sums[0] if sums else None)
+        out["tokens_handed_on"] = each(lambda data, dense: triton_ops.dp4a_tokens_matmul(handed, data, qtype, cols,
+                                                                                        unreduced=True))
         for bn, bk, warps, stages, split in (TOKENS_SWEEP if sweep else []):
             config = triton_ops.GemvConfig(bn=bn, bk=bk, num_warps=warps, num_stages=stages, split=split)
             out[f"tokens{bn}x{bk}w{warps}s{stages}k{split or 'auto'}"] = each(

@@ -31,7 +31,8 @@ def _packed(name: str, rows: int, cols: int) -> torch.Tensor:
     ("Q4_K", 4096, 4096, (8, 2, 1, 0, 0)), ("Q4_K", 2048, 2048, (8, 4, 4, 1, 0)), ("Q4_K", 2560, 2048, (8, 4, 4, 1, 0)),
     ("Q4_K", 256, 2048, (8, 2, 1, 0, 0)),
     ("Q4_K", 4096, 14336, (8, 4, 4, 1, 0)), ("Q4_K", 2048, 8192, None),
-    ("Q6_K", 4096, 14336, (1, 1, 1, 7, 0)), ("Q6_K", 128256, 4096, (1, 1, 1, 7, 0)),
+    ("Q6_K", 4096, 14336, (1, 1, 1, 7, 0)), ("Q6_K", 128256, 4096, (1, 1, 1, 7, 255)),
+    ("Q6_K", 14336, 4096, (1, 1, 1, 7, 0)),
     ("Q6_K", 32000, 2048, (1, 1, 1, 7, 64)), ("Q6_K", 8192, 6144, (1, 1, 1, 7, 0)), ("Q6_K", 4096, 4096, None),
     ("Q6_K", 1024, 4096, None),
     ("Q6_K", 151936, 1536, None), ("Q6_K", 1536, 8960, None),
@@ -155,29 +156,35 @@ def test_q5k_compiled_for_sm90_adds_its_fifth_bits_in_thread():
         assert any("ld.global" in line for line in _before_pdl_wait(ptx)), "weights load after the wait"
 
 
-SCRIPT_Q6K = _compile_script("gluon_gemv_q6k", "gluon_gemv_q6k_kernel", "GROUPS", ((1, 1, 1), (1, 2, 1), (2, 2, 4)))
+SCRIPT_Q6K = {windows: _compile_script("gluon_gemv_q6k", "gluon_gemv_q6k_kernel", "GROUPS",
+                                       ((1, 1, 1), (1, 2, 1), (2, 2, 4)), {"SCALE_WINDOWS": windows})
+              for windows in (True, False)}
 
 
 @pytest.mark.slow
 @pytest.mark.skipif(not HAS_GLUON, reason="Triton with Gluon is not installed")
-def test_q6k_compiled_for_sm90_reads_its_2_aligned_fields_as_16_byte_vectors():
+@pytest.mark.parametrize("windows", [True, False])
+def test_q6k_compiled_for_sm90_reads_its_2_aligned_fields_as_16_byte_vectors(windows):
     """The Q6_K kernel's point, in the code ptxas receives: each of the three 16-byte fields a thread reads per row and
     super-block (two ql, one qh) is loaded as 16-byte vectors, one where the super-block sits on a 16-byte boundary
-    (the first of each group of eight), two and a funnel shift elsewhere, never as 16-bit pieces (only the scale bytes
-    and d are narrow); 16 dp4a per row and super-block plus 16 for the activation sums the rows share; nothing in the
-    loop crosses threads; the PDL contract (nothing stored before ``griddepcontrol.wait``, the next kernel let in after
-    it)."""
-    for launch, _, rpt, loop in _compiled_loops(SCRIPT_Q6K, 3):
+    (the first of each group of eight), two and a funnel shift elsewhere, never as 16-bit pieces; the scales and d
+    (``SCALE_WINDOWS``) as the two 16-byte vectors around them, funnel-shifted as the fields are, and nothing narrower,
+    else four byte loads and a 16-bit one; 16 dp4a per row and super-block plus 16 for the activation sums the rows
+    share; nothing in the loop crosses threads; the PDL contract (nothing stored before ``griddepcontrol.wait``, the
+    next kernel let in after it)."""
+    for launch, _, rpt, loop in _compiled_loops(SCRIPT_Q6K[windows], 3):
         vectors = [line for line in loop if re.match(r"ld\.global\.v4\.b32", line)]
-        assert len(vectors) == (3 + 7 * 6) * rpt + 4 * 8, (launch, len(vectors))   # activations once for all rows
+        scale_vectors = 2 * 8 * rpt if windows else 0
+        assert len(vectors) == (3 + 7 * 6) * rpt + 4 * 8 + scale_vectors, (launch, len(vectors))  # x once for all rows
         narrow = [line for line in loop if re.match(r"ld\.global(\.\S+)*\.b(8|16) ", line)]
-        assert len(narrow) == 5 * 8 * rpt, (launch, len(narrow))      # 4 scales and d per row and super-block
-        assert sum(line.count("shf.r.clamp.b32") for line in loop) == 4 * 3 * 4 * rpt, launch  # 4 odd-offset blocks
+        assert len(narrow) == (0 if windows else 5 * 8 * rpt), (launch, len(narrow))   # 4 scales and d per row and sb
+        fields = 4 if windows else 3                          # 4-word funnels at the 4 odd-offset super-blocks
+        assert sum(line.count("shf.r.clamp.b32") for line in loop) == 4 * fields * 4 * rpt, launch
         assert sum(line.startswith("dp4a.s32.s32") for line in loop) == 8 * 16 * (rpt + 1), launch
 
 
 SCRIPT_Q6K_CAPPED = _compile_script("gluon_gemv_q6k", "gluon_gemv_q6k_kernel", "GROUPS", ((1, 1, 1),),
-                                    options={"maxnreg": gluon_gemv_ops.Q6K_REGISTERS})
+                                    {"SCALE_WINDOWS": False}, options={"maxnreg": gluon_gemv_ops.Q6K_REGISTERS})
 
 
 @pytest.mark.slow
@@ -279,11 +286,12 @@ def test_within_activation_rounding_of_gguf_py():
 @pytest.mark.skipif(not _h100(), reason="needs an H100/H200 (sm_90) and Triton with Gluon")
 def test_q6k_within_activation_rounding_of_gguf_py():
     """Q6_K as Q4_K: rows off the program size, one and two groups per step, 1-2 rows per thread, 1 and 4 warps, K split
-    and not, the register cap to measure; the dispatch sends one-token Q6_K calls of 2,048-column multiples to it, at
+    and not, the scales from windows (uncapped, and the heads' explicit 255-register ceiling) and from byte loads (the
+    64-register cap); the dispatch sends one-token Q6_K calls of 2,048-column multiples to it, at
     8,192 rows and more here."""
     _check_against_gguf_py("Q6_K", slice(208, 210), 0.002, ((37, 2048), (130, 4096), (1000, 14336), (8200, 4096)),
                            ((1, 1, 1, 0), (1, 2, 1, 1), (2, 2, 1, 0), (1, 2, 4, 0), (1, 1, 1, 7), (2, 1, 4, 2),
-                            (1, 1, 1, 7, gluon_gemv_ops.Q6K_REGISTERS)),
+                            (1, 1, 1, 7, gluon_gemv_ops.Q6K_REGISTERS), (1, 1, 1, 7, 255)),
                            seed=11, taken=lambda rows: rows >= 8192)
 
 

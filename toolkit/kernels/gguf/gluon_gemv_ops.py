@@ -69,6 +69,13 @@ Q6K_REGISTERS = 64   # the Q6_K register cap of 2,048-column weights (below)
 # 0.870-0.874 against 0.877-0.878 ms; the 8B (no Q6_K weight of 2,048 columns) 2.487-2.488 against 2.489-2.490.
 # The Q4_K launches spill under any cap that would add a program per SM (four rows per thread: 104 registers,
 # spilling at 96).
+# Session 36: the Q6_K scales from aligned windows (``gluon_gemv_q6k._window_scales``; 68 registers uncapped, 20 bytes
+# spilled under the 64 cap, so capped launches keep the byte loads). H100, GEMV alone (partial sums handed on), us,
+# windows / byte loads, uncapped: 4096x14336 20.8 / 21.7, 14336x4096 21.0 / 21.9; with an explicit 255-register
+# ceiling (``.maxnreg 255``, which changes ptxas' schedule though no cap binds) 22.2 / 22.5, 21.7 / 22.5, but on the 8B
+# head 128256x4096 151.8 / 152.7 against 158.3 / 164.5 uncapped. So heads (65,536+ rows: vocabularies; 14,336 rows
+# were slower with it) take that ceiling. Engine A/B (8B Q4_K_M, batch 1, fresh processes, two rounds, mean TPOT):
+# 2.442-2.443 against 2.461-2.466 ms.
 # ``TOOLKIT_GGUF_GLUON_GEMV=0`` keeps the Triton GEMV, ``=Q4_K`` (type names, comma-separated) keeps it for the other
 # types; ``TOOLKIT_GGUF_GLUON_GEMV_LAUNCH=step,rows per thread,warps,split[,registers]`` (split 0: the rule's;
 # registers 0 or left out: no cap) sets the launch (benchmarks).
@@ -77,7 +84,7 @@ GEMV_RULES = {
              (8, 4, 4, 1, 0, 4096, 8192, 1 << 40)),
     "Q5_K": ((8, 2, 4, 0, 0, 0, 0, 1 << 40),),
     "Q6_K": ((1, 1, 1, 7, 0, 4096, 8192, 1 << 40), (1, 1, 1, 7, Q6K_REGISTERS, 8192, 2048, 2048),
-             (1, 1, 1, 7, 0, 8192, 4096, 1 << 40)),
+             (1, 1, 1, 7, 255, 65536, 4096, 1 << 40), (1, 1, 1, 7, 0, 8192, 4096, 1 << 40)),
     "Q4_0": ((8, 2, 4, 0, 0, 0, 0, 4096), (8, 1, 1, 0, 0, 0, 8192, 1 << 40)),
 }
 
@@ -148,6 +155,9 @@ def gluon_gemv(name: str, words: torch.Tensor, scales: torch.Tensor, sums: torch
     if name in ("Q4_K", "Q5_K"):
         kernel[grid](words, scales, sums, data, out, rows, cols // split, data.stride(0), SB_STEP=step,
                      Q5=name == "Q5_K", **common)
-    else:  # Q6_K, Q4_0
+    elif name == "Q6_K":  # under the 64-register cap the scale windows spill: such launches keep the byte loads
+        kernel[grid](words, scales, data, out, rows, cols // split, data.stride(0), GROUPS=step,
+                     SCALE_WINDOWS=not registers or registers > Q6K_REGISTERS, **common)
+    else:  # Q4_0
         kernel[grid](words, scales, data, out, rows, cols // split, data.stride(0), GROUPS=step, **common)
     return finish_splits(out, x.dtype, unreduced)

@@ -17,6 +17,14 @@ i (i < 8) holds column 4i + b (low nibble) and 64 + 4i + b (high), of ql word 8 
 unsigned 6-bit ``q`` and subtracts ``32 sum(x)`` of the run (``sum(x)`` a dp4a of the activation words by ones,
 once per thread for all its rows), so the bytes need no sign fix.
 
+The scales and d (bytes 192-209) come the same way (``SCALE_WINDOWS``, ``_window_scales``): the two aligned vectors
+around them, which a row's four threads load at the same addresses, so one request serves the four, where four byte
+loads and a 16-bit one were five requests per row. The kernel waits on L1 data, not on issue slots (ncu, 4096x14336 on
+an H100: 88% of its stalls on the L1TEX scoreboard, 0.23 instructions issued per scheduler and cycle): session 36's
+H100 timing, us, windows / byte loads, GEMV alone: 4096x14336 20.8-21.6 / 21.7-23.4, 14336x4096 20.9-21.9 / 21.9-23.7.
+The activations' per-16-column sums handed in (four more loads per super-block, 16 fewer dp4a) were slower (23.1 /
+22.7 us), as were a field's second vector taken from the neighbouring thread by shuffle (21.9 / 21.8).
+
 Math as ``triton_gemv_tokens``' Q6_K branch: per 16-column run ``d sc xd dot(q - 32, x)``, float32 sums.
 """
 from __future__ import annotations
@@ -88,35 +96,78 @@ def _q6k_fields(group, piece_a, piece_h, word, K: gl.constexpr):
 
 
 @gluon.jit
-def _q6k_sum(ql_a, ql_b, qh, group, scales, x, xd, K: gl.constexpr):
-    """Each thread's ``[R, UPR]`` sum of its piece of super-block ``K`` of the groups at ``group``, from its fields
-    (``_q6k_fields``): ``scales [1, UPR]`` the offset of its first run's scale, ``x`` the activation word pointers
-    ``[UPR, 4]`` of that run, ``xd [UPR]`` the pointer to its 32-column block's scale."""
-    sb = group + 210 * K
-    sc = (sb + scales).to(gl.pointer_type(gl.int8))
-    d = half_bits(gl.load((sb + 208).to(gl.pointer_type(gl.uint16))).to(gl.uint32))
+def _window_scales(group, half, sub, word, K: gl.constexpr):
+    """The thread's four run scales (float32 ``[R, UPR]`` each) and d of super-block ``K`` of the groups at ``group``,
+    from the two aligned 16-byte vectors around bytes 192-209 (the 16 scales, then d). The row's four threads load
+    them at the same addresses (one request for the four); the scales are funnel-shifted out as the fields are and the
+    thread's four (``8 half + sub + 2j``) picked from two words. ``half``, ``sub [1, UPR]``: the thread's piece."""
+    SKIP: gl.constexpr = (210 * K) % 16
+    aligned = (group + (210 * K - SKIP + 192)).to(gl.pointer_type(gl.uint32))[:, :, None]
+    first, second = gl.load(aligned + word), gl.load(aligned + 4 + word)
+    if SKIP == 0:
+        packed = first
+    else:
+        packed = funnel(first, second, SKIP)
+    d = half_bits(gl.sum(gl.where(word == SKIP // 4, second, 0), axis=2) >> (8 * (SKIP % 4)))
+    low = gl.sum(gl.where(word == 2 * half[:, :, None], packed, 0), axis=2) >> (8 * sub)       # scales j = 0, 1
+    high = gl.sum(gl.where(word == 2 * half[:, :, None] + 1, packed, 0), axis=2) >> (8 * sub)  # j = 2, 3
+    return _byte_float(low, 0), _byte_float(low, 16), _byte_float(high, 0), _byte_float(high, 16), d
+
+
+@gluon.jit
+def _byte_float(w, SHIFT: gl.constexpr):
+    """float32 of the signed byte at bit ``SHIFT`` of ``w`` (uint32)."""
+    return ((w << (24 - SHIFT)).to(gl.int32, bitcast=True) >> 24).to(gl.float32)
+
+
+@gluon.jit
+def _runs(ql_a, ql_b, qh, x, xd):
+    """The thread's four runs' integer sums as float32 ``[R, UPR]`` and their activation blocks' scales ``[UPR]``:
+    ``x`` the activation word pointers ``[UPR, 4]`` of its first run, ``xd [UPR]`` the pointer to that run's
+    32-column block's scale."""
     x0, x1, x2, x3 = gl.load(x), gl.load(x + 8), gl.load(x + 16), gl.load(x + 24)
     xd0, xd1 = _floats(xd)
     xd2, xd3 = _floats(xd + 2)
     ones = gl.full(x0.shape, ONES, gl.int32, x0.type.layout)
-    run0 = _run((ql_a & LOW4) | ((qh << 4) & BITS45), x0, ones)
-    run1 = _run((ql_b & LOW4) | ((qh << 2) & BITS45), x1, ones)
-    run2 = _run(((ql_a >> 4) & LOW4) | (qh & BITS45), x2, ones)
-    run3 = _run(((ql_b >> 4) & LOW4) | ((qh >> 2) & BITS45), x3, ones)
-    return d * (gl.load(sc).to(gl.float32) * xd0[None, :] * run0
-                + gl.load(sc + 2).to(gl.float32) * xd1[None, :] * run1
-                + gl.load(sc + 4).to(gl.float32) * xd2[None, :] * run2
-                + gl.load(sc + 6).to(gl.float32) * xd3[None, :] * run3)
+    return ((_run((ql_a & LOW4) | ((qh << 4) & BITS45), x0, ones),
+             _run((ql_b & LOW4) | ((qh << 2) & BITS45), x1, ones),
+             _run(((ql_a >> 4) & LOW4) | (qh & BITS45), x2, ones),
+             _run(((ql_b >> 4) & LOW4) | ((qh >> 2) & BITS45), x3, ones)), (xd0, xd1, xd2, xd3))
+
+
+@gluon.jit
+def _q6k_sum(ql_a, ql_b, qh, group, scales, half, sub, word, x, xd, K: gl.constexpr, WINDOWS: gl.constexpr):
+    """Each thread's ``[R, UPR]`` sum of its piece of super-block ``K`` of the groups at ``group``, from its fields
+    (``_q6k_fields``) and activations (``x``, ``xd`` as ``_runs`` takes them). The scales and d: ``WINDOWS``,
+    ``_window_scales`` (``half``, ``sub``, ``word`` as it takes them), after the runs; else, first, four byte loads
+    and a 16-bit one at ``scales [1, UPR]`` (the offset of the thread's first scale) and byte 208, each its own
+    request per row: the order of session 35's kernel, whose capped launch (64 registers) fits without spilling."""
+    if WINDOWS:
+        runs, xds = _runs(ql_a, ql_b, qh, x, xd)
+        sc0, sc1, sc2, sc3, d = _window_scales(group, half, sub, word, K)
+        return d * (sc0 * xds[0][None, :] * runs[0] + sc1 * xds[1][None, :] * runs[1]
+                    + sc2 * xds[2][None, :] * runs[2] + sc3 * xds[3][None, :] * runs[3])
+    else:  # the scale bytes loaded inside the sum, as session 35's kernel did (its schedule, timed under the cap)
+        sb = group + 210 * K
+        sc = (sb + scales).to(gl.pointer_type(gl.int8))
+        d = half_bits(gl.load((sb + 208).to(gl.pointer_type(gl.uint16))).to(gl.uint32))
+        runs, xds = _runs(ql_a, ql_b, qh, x, xd)
+        return d * (gl.load(sc).to(gl.float32) * xds[0][None, :] * runs[0]
+                    + gl.load(sc + 2).to(gl.float32) * xds[1][None, :] * runs[1]
+                    + gl.load(sc + 4).to(gl.float32) * xds[2][None, :] * runs[2]
+                    + gl.load(sc + 6).to(gl.float32) * xds[3][None, :] * runs[3])
 
 
 @gluon.jit
 def gluon_gemv_q6k_kernel(xq_ptr, xd_ptr, w_ptr, out_ptr, N, K_SPLIT, row_bytes, GROUPS: gl.constexpr,
-                          RPT: gl.constexpr, num_warps: gl.constexpr, PDL: gl.constexpr = False):
+                          RPT: gl.constexpr, num_warps: gl.constexpr, PDL: gl.constexpr = False,
+                          SCALE_WINDOWS: gl.constexpr = True):
     """``out[pid_k, 0, n] = sum over columns pid_k * K_SPLIT .. of W[n] . x_hat`` for one token; a program has
     ``RPT * 32 / (4 GROUPS) * num_warps`` rows and walks ``GROUPS`` groups of 8 super-blocks per step (``K_SPLIT``
     a multiple of ``2048 GROUPS``). ``xq [K / 4]`` int32 words, ``xd [K / 32]`` float32; ``w`` and ``row_bytes``
-    16-byte aligned. ``PDL``: ``triton_pdl``; nothing loads before the wait. Loading the first super-block's fields
-    of each step a step ahead, the first step's before the wait (as the Q4_K kernel does), was slower: 8B Q4_K_M at
+    16-byte aligned. ``PDL``: ``triton_pdl``; nothing loads before the wait. ``SCALE_WINDOWS``: ``_q6k_sum``'s
+    ``WINDOWS``. Loading the first super-block's fields of each step a step ahead, the first step's before the wait
+    (as the Q4_K kernel does), was slower: 8B Q4_K_M at
     batch 1 392.8 against 397.3 tok/s (engine A/B, H100), 4096x14336 26.4 against 24.8 us, 128256x4096 193.0
     against 173.7."""
     UPR: gl.constexpr = 4 * GROUPS
@@ -145,5 +196,6 @@ def gluon_gemv_q6k_kernel(xq_ptr, xd_ptr, w_ptr, out_ptr, N, K_SPLIT, row_bytes,
         xd = xd_ptr + 64 * group + x_blocks
         for k in gl.static_range(GROUP):
             ql_a, ql_b, qh = _q6k_fields(sb0, piece_a, piece_h, word, k)
-            acc += _q6k_sum(ql_a, ql_b, qh, sb0, scales, x + 64 * k, xd + 8 * k, k)
+            acc += _q6k_sum(ql_a, ql_b, qh, sb0, scales, half[None, :], sub[None, :], word, x + 64 * k, xd + 8 * k, k,
+                            SCALE_WINDOWS)
     store_rows(out_ptr, acc, offs_n, N)
