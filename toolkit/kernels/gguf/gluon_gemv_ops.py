@@ -71,11 +71,11 @@ Q6K_REGISTERS = 64   # the Q6_K register cap of 2,048-column weights (below)
 # spilling at 96).
 # Session 36: the Q6_K scales from aligned windows (``gluon_gemv_q6k._window_scales``; 68 registers uncapped, 20 bytes
 # spilled under the 64 cap, so capped launches keep the byte loads). H100, GEMV alone (partial sums handed on), us,
-# windows / byte loads, uncapped: 4096x14336 20.8 / 21.7, 14336x4096 21.0 / 21.9; with an explicit 255-register
-# ceiling (``.maxnreg 255``, which changes ptxas' schedule though no cap binds) 22.2 / 22.5, 21.7 / 22.5, but on the 8B
-# head 128256x4096 151.8 / 152.7 against 158.3 / 164.5 uncapped. So heads (65,536+ rows: vocabularies; 14,336 rows
-# were slower with it) take that ceiling. Engine A/B (8B Q4_K_M, batch 1, fresh processes, two rounds, mean TPOT):
-# 2.442-2.443 against 2.461-2.466 ms.
+# windows and byte loads, uncapped: 4096x14336 20.8 and 21.7, 14336x4096 21.0 and 21.9. With an explicit 255-register
+# ceiling (``.maxnreg 255``, which changes ptxas' schedule though no cap binds): 22.2 and 22.5, 21.7 and 22.5, but
+# the 8B head 128256x4096 151.8 and 152.7 against 158.3 and 164.5 uncapped. So heads (65,536+ rows: vocabularies;
+# 14,336 rows were slower with it) take that ceiling. Engine A/B (8B Q4_K_M, batch 1, fresh processes, two rounds,
+# mean TPOT): 2.442-2.443 against 2.461-2.466 ms.
 # ``TOOLKIT_GGUF_GLUON_GEMV=0`` keeps the Triton GEMV, ``=Q4_K`` (type names, comma-separated) keeps it for the other
 # types; ``TOOLKIT_GGUF_GLUON_GEMV_LAUNCH=step,rows per thread,warps,split[,registers]`` (split 0: the rule's;
 # registers 0 or left out: no cap) sets the launch (benchmarks).

@@ -21,9 +21,10 @@ The scales and d (bytes 192-209) come the same way (``SCALE_WINDOWS``, ``_window
 around them, which a row's four threads load at the same addresses, so one request serves the four, where four byte
 loads and a 16-bit one were five requests per row. The kernel waits on L1 data, not on issue slots (ncu, 4096x14336 on
 an H100: 88% of its stalls on the L1TEX scoreboard, 0.23 instructions issued per scheduler and cycle): session 36's
-H100 timing, us, windows / byte loads, GEMV alone: 4096x14336 20.8-21.6 / 21.7-23.4, 14336x4096 20.9-21.9 / 21.9-23.7.
-The activations' per-16-column sums handed in (four more loads per super-block, 16 fewer dp4a) were slower (23.1 /
-22.7 us), as were a field's second vector taken from the neighbouring thread by shuffle (21.9 / 21.8).
+H100 timing of the GEMV alone, us, windows against byte loads: 4096x14336 20.8-21.6 against 21.7-23.4, 14336x4096
+20.9-21.9 against 21.9-23.7. Measured and not kept, at 4096x14336 against the windows' 21.5-21.7 in the same run: the
+activations' per-16-column sums handed in (16 fewer dp4a per super-block, four more loads or one more vector: 23.1,
+22.7) and each field's second vector taken from the neighbouring thread by shuffle instead of loaded (21.9-22.0).
 
 Math as ``triton_gemv_tokens``' Q6_K branch: per 16-column run ``d sc xd dot(q - 32, x)``, float32 sums.
 """
@@ -167,9 +168,8 @@ def gluon_gemv_q6k_kernel(xq_ptr, xd_ptr, w_ptr, out_ptr, N, K_SPLIT, row_bytes,
     a multiple of ``2048 GROUPS``). ``xq [K / 4]`` int32 words, ``xd [K / 32]`` float32; ``w`` and ``row_bytes``
     16-byte aligned. ``PDL``: ``triton_pdl``; nothing loads before the wait. ``SCALE_WINDOWS``: ``_q6k_sum``'s
     ``WINDOWS``. Loading the first super-block's fields of each step a step ahead, the first step's before the wait
-    (as the Q4_K kernel does), was slower: 8B Q4_K_M at
-    batch 1 392.8 against 397.3 tok/s (engine A/B, H100), 4096x14336 26.4 against 24.8 us, 128256x4096 193.0
-    against 173.7."""
+    (as the Q4_K kernel does), was slower: 8B Q4_K_M at batch 1 392.8 against 397.3 tok/s (engine A/B, H100),
+    4096x14336 26.4 against 24.8 us, 128256x4096 193.0 against 173.7."""
     UPR: gl.constexpr = 4 * GROUPS
     ROWS: gl.constexpr = RPT * (32 // UPR) * num_warps
     layout: gl.constexpr = gemv_layout(UPR, RPT, 4, num_warps)  # [rows, pieces, 4 words]
