@@ -49,6 +49,13 @@ def dp4a_sum(w, x):
 
 
 @gluon.jit
+def lane_word(v, word, W: gl.constexpr):
+    """Word ``W`` of each thread's vector ``v [..., 4]`` (``word`` its word indices, ``[1, ..., 1, 4]``): ``v``
+    without its last axis. The four words sit in one thread, so the select and sum fold to a register move."""
+    return gl.sum(gl.where(word == W, v, 0), axis=len(v.shape) - 1)
+
+
+@gluon.jit
 def program_rows(w_ptr, N, row_bytes, ROWS: gl.constexpr, lay2: gl.constexpr):
     """The one-token GEMVs' rows: this program's row indices ``[ROWS]`` (in ``lay2``'s row slice) and pointers
     ``[ROWS, 1]`` to their packed bytes (rows past N read the last row; ``store_rows`` masks them)."""

@@ -26,7 +26,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
 from ..triton_pdl import GLUON_GEMV_EARLY_LAUNCH
-from .gluon_gemv import _floats, dp4a_sum, gemv_layout, program_rows, store_rows
+from .gluon_gemv import _floats, dp4a_sum, gemv_layout, lane_word, program_rows, store_rows
 from .gluon_gemv_q6k import funnel
 from .gluon_pipeline import wait_for_previous
 from .triton_words import half_bits
@@ -49,13 +49,6 @@ def window(first, second, t):
     ``second`` (each ``[R, UPR, 4]``, the last axis in one thread)."""
     return gl.inline_asm_elementwise(WINDOW_PTX, "=r,=r,=r,=r,r,r,r,r,r,r,r,r,r,r,r,r", [first, second, t],
                                      dtype=gl.uint32, is_pure=True, pack=4)
-
-
-@gluon.jit
-def lane_word(v, word, W: gl.constexpr):
-    """Word ``W`` of each thread's vector ``v [..., 4]`` (``word`` its word indices, ``[1, ..., 1, 4]``): ``v``
-    without its last axis. The four words sit in one thread, so the select and sum fold to a register move."""
-    return gl.sum(gl.where(word == W, v, 0), axis=len(v.shape) - 1)
 
 
 @gluon.jit

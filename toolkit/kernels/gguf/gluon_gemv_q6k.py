@@ -35,7 +35,7 @@ from triton.experimental.gluon import constexpr_function
 from triton.experimental.gluon import language as gl
 
 from ..triton_pdl import GLUON_GEMV_EARLY_LAUNCH
-from .gluon_gemv import _floats, dp4a_sum, gemv_layout, program_rows, store_rows
+from .gluon_gemv import _floats, dp4a_sum, gemv_layout, lane_word, program_rows, store_rows
 from .gluon_pipeline import wait_for_previous
 from .triton_words import half_bits
 
@@ -109,7 +109,7 @@ def _window_scales(group, half, sub, word, K: gl.constexpr):
         packed = first
     else:
         packed = funnel(first, second, SKIP)
-    d = half_bits(gl.sum(gl.where(word == SKIP // 4, second, 0), axis=2) >> (8 * (SKIP % 4)))
+    d = half_bits(lane_word(second, word, SKIP // 4) >> (8 * (SKIP % 4)))
     low = gl.sum(gl.where(word == 2 * half[:, :, None], packed, 0), axis=2) >> (8 * sub)       # scales j = 0, 1
     high = gl.sum(gl.where(word == 2 * half[:, :, None] + 1, packed, 0), axis=2) >> (8 * sub)  # j = 2, 3
     return _byte_float(low, 0), _byte_float(low, 16), _byte_float(high, 0), _byte_float(high, 16), d

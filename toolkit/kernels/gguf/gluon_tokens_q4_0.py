@@ -33,7 +33,8 @@ from __future__ import annotations
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
-from .gluon_gemv_q4_0 import GROUP_BYTES, lane_word, window
+from .gluon_gemv import lane_word
+from .gluon_gemv_q4_0 import GROUP_BYTES, window
 from .gluon_gemv_q6k import funnel
 from .gluon_pipeline import wait_for_previous
 from .triton_words import half_bits
