@@ -119,6 +119,15 @@ def _compiled_loops(script: str, launches: int):
         _before_pdl_wait(case["ptx"])
         yield launch, case["ptx"], case["rpt"], loop
 
+def _assert_one_header_load_per_row(loop: list[str], rpt: int, launch: str) -> None:
+    """A Q4_K/Q5_K super-block's 16-byte header reaches each row's thread as one vector load (``_header16``), and the
+    loop's only narrower loads are the two 8-byte loads of the activations' block scales (``xd``, ``xs``)."""
+    headers = [line for line in loop if re.match(r"ld\.global\.L1::evict_first\.v4\.u32", line)]
+    assert len(headers) == rpt, (launch, headers)
+    narrow = [line.split()[0] for line in loop if line.startswith("ld.global") and ".v4." not in line.split()[0]]
+    assert narrow == ["ld.global.b64"] * 2, (launch, narrow)
+
+
 SCRIPT = _compile_script("gluon_gemv", "gluon_gemv_q4k_kernel", "SB_STEP",
                          ((4, 1, 1), (2, 1, 1), (1, 1, 1), (4, 2, 4)), {"Q5": False})
 
@@ -127,12 +136,14 @@ SCRIPT = _compile_script("gluon_gemv", "gluon_gemv_q4k_kernel", "SB_STEP",
 @pytest.mark.skipif(not HAS_GLUON, reason="Triton with Gluon is not installed")
 def test_compiled_for_sm90_each_thread_sums_its_group_alone():
     """What the kernel is for, in the code ptxas receives: per step a thread loads its group's 32 quant bytes of each
-    of its rows as two 16-byte vectors and their activations once as four, runs 16 dp4a per row, and nothing in the
-    loop crosses threads (no shuffle, no shared memory); and the PDL contract (``triton_pdl``): weights load before
+    of its rows as two 16-byte vectors, the super-block's 16-byte header (d, dmin, scales) as one more, and their
+    activations once as four, runs 16 dp4a per row, and nothing in the loop crosses threads (no shuffle, no shared
+    memory); and the PDL contract (``triton_pdl``): weights load before
     ``griddepcontrol.wait``, nothing is stored before it, and the next kernel is let in after it, not before."""
     for launch, ptx, rpt, loop in _compiled_loops(SCRIPT, 4):
         vectors = [line for line in loop if re.match(r"ld\.global(\.\S+)*\.v4\.b32", line)]
         assert len(vectors) == 2 * rpt + 4, (launch, vectors)     # quants of each row, activations once
+        _assert_one_header_load_per_row(loop, rpt, launch)
         assert sum(line.startswith("dp4a.s32.s32") for line in loop) == 16 * rpt, launch
         assert any("ld.global" in line for line in _before_pdl_wait(ptx)), "weights load after the wait"
 
@@ -151,6 +162,7 @@ def test_q5k_compiled_for_sm90_adds_its_fifth_bits_in_thread():
     for launch, ptx, rpt, loop in _compiled_loops(SCRIPT_Q5K, 3):
         vectors = [line for line in loop if re.match(r"ld\.global(\.\S+)*\.v4\.b32", line)]
         assert len(vectors) == 4 * rpt + 4, (launch, vectors)
+        _assert_one_header_load_per_row(loop, rpt, launch)
         assert sum(line.startswith("or.b32") for line in loop) >= 16 * rpt, launch
         assert sum(line.startswith("dp4a.s32.s32") for line in loop) == 16 * rpt, launch
         assert any("ld.global" in line for line in _before_pdl_wait(ptx)), "weights load after the wait"

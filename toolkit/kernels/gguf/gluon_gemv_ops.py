@@ -76,6 +76,11 @@ Q6K_REGISTERS = 64   # the Q6_K register cap of 2,048-column weights (below)
 # the 8B head 128256x4096 151.8 and 152.7 against 158.3 and 164.5 uncapped. So heads (65,536+ rows: vocabularies;
 # 14,336 rows were slower with it) take that ceiling. Engine A/B (8B Q4_K_M, batch 1, fresh processes, two rounds,
 # mean TPOT): 2.442-2.443 against 2.461-2.466 ms.
+# Session 37: the Q4_K/Q5_K super-block header as one 16-byte load (``gluon_gemv._header16``) instead of two 8-byte
+# ones. H100, GEMV alone (partial sums handed on, three rounds), us, before / after: Q4_K 4096x14336 16.0-17.1 /
+# 15.1-15.4, 14336x4096 15.0-15.6 / 14.0-14.5, 28672x4096 25.9-26.2 / 25.5-25.7, 4096x4096 5.9-6.0 / 5.7, 16384x2048
+# 9.1 / 9.1; Q5_K 4096x14336 18.0 / 16.5-16.6, 14336x4096 17.3-17.4 / 16.7-16.8, 4096x4096 6.1-6.2 / 5.4, 16384x2048
+# 10.6 / 10.7-10.8. Outputs torch.equal. The rules did not change.
 # ``TOOLKIT_GGUF_GLUON_GEMV=0`` keeps the Triton GEMV, ``=Q4_K`` (type names, comma-separated) keeps it for the other
 # types; ``TOOLKIT_GGUF_GLUON_GEMV_LAUNCH=step,rows per thread,warps,split[,registers]`` (split 0: the rule's;
 # registers 0 or left out: no cap) sets the launch (benchmarks).
