@@ -41,7 +41,14 @@ NOT_DURING = ("transformers", "safetensors", "bitsandbytes", "triton", "typer", 
               # other architectures' modules: the model plugins register them deferred (core/deferred.py)
               "toolkit.plugins.models.gemma3", "toolkit.plugins.models.mixtral", "toolkit.plugins.models.qwen_moe",
               "toolkit.plugins.models.qwen3_hybrid", "toolkit.plugins.models.gated_deltanet",
-              "toolkit.plugins.models.qwen")
+              "toolkit.plugins.models.qwen",
+              # a dense GGUF file's load: not the hybrids' name maps (registered Deferred; their config rows are in
+              # gguf/hybrid_config.py), not the stored-state manifest's reader (detect() reads manifest_find.py)
+              # nor stored.py, and not the MoE-only expert rows of the GGUF parameter
+              "toolkit.plugins.loaders.gguf.hybrid", "toolkit.plugins.loaders.gguf.writer_names",
+              "toolkit.plugins.loaders.sharded.manifest", "toolkit.plugins.loaders.sharded.manifest_checks",
+              "toolkit.plugins.loaders.sharded.stored", "toolkit.plugins.loaders.sharded.options",
+              "toolkit.plugins.quant.gguf.expert_rows")
 
 
 def _load_in_fresh_process(path, device: str) -> dict:

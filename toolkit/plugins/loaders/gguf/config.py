@@ -13,7 +13,7 @@ from typing import Any, Callable, Mapping
 
 from toolkit.core import validate as v
 
-from .hybrid import HYBRID_KEYS, hybrid_derived
+from .hybrid_config import HYBRID_KEYS, hybrid_derived
 from .metadata import Metadata
 from .metadata_checks import check_hparams
 from .moe_names import MIXTRAL_KEYS, MOE_KEYS, mixtral_if_experts, qwen2moe_qkv_bias
@@ -93,7 +93,7 @@ ARCHS: dict[str, ArchSpec] = {
                          constants={"hidden_act": "silu", "norm_topk_prob": False}, derived=(qwen2moe_qkv_bias,)),
     "qwen3moe": ArchSpec("qwen3_moe", ("Qwen3MoeForCausalLM",), keys=MOE_KEYS,
                          constants={"hidden_act": "silu", "norm_topk_prob": True}),
-    # Gated DeltaNet hybrids: see hybrid.py for the ssm.* keys and the layer kinds
+    # Gated DeltaNet hybrids: see hybrid_config.py for the ssm.* keys and the layer kinds
     "qwen35": ArchSpec("qwen3_5_text", ("Qwen3_5ForCausalLM",), keys=HYBRID_KEYS, constants={"hidden_act": "silu"},
                        derived=(hybrid_derived,)),
     # llama.cpp renormalises qwen3next's and qwen35moe's top-k weights (build_moe_ffn norm_w)

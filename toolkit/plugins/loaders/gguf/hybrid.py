@@ -1,4 +1,4 @@
-"""GGUF ``qwen35`` and ``qwen3next`` (Gated DeltaNet hybrids): names, transforms and metadata.
+"""GGUF ``qwen35`` and ``qwen3next`` (Gated DeltaNet hybrids): names and transforms (metadata: hybrid_config.py).
 
 llama.cpp's converter (conversion/qwen.py) changes these models' tensors; the reader undoes
 every change here, as data, and the writer redoes them, so our files match the converter's:
@@ -49,12 +49,14 @@ from toolkit.core.config import ModelConfig
 from toolkit.core.errors import ConversionError
 from toolkit.core.names import MappedName, NameContext, split_packed
 
+# The metadata -> HF config rows live in hybrid_config.py, which config.py imports for every GGUF
+# file; this module (torch, two dataclasses) is imported by a hybrid load or conversion only.
+from .hybrid_config import FULL, HYBRID_KEYS, LINEAR, hybrid_derived  # noqa: F401 - re-exported
 from .moe_names import EXPERT_LEAVES, MOE_LEAVES, ROUTER_LEAVES
 from .names import GLOBAL_LEAVES, LAYER_LEAVES, IGNORED, GGUFNameMap, as_matrix, to_dense
 from .tensor import GGUFTensor
 from .writer_names import expert_leaves
 
-LINEAR, FULL = "linear_attention", "full_attention"
 QWEN35_MROPE_SECTIONS = [11, 11, 10, 0]  # what the converter writes when the config has none
 
 _COMMON = {**{k: v for k, v in LAYER_LEAVES.items() if k != "ffn_norm"},
@@ -272,28 +274,8 @@ class HybridGGUFNamer:
         return entries
 
 
-# ---- metadata -> HF config ---------------------------------------------------------------------
-HYBRID_KEYS = {"ssm.conv_kernel": "linear_conv_kernel_dim", "ssm.state_size": "linear_key_head_dim",
-               "ssm.group_count": "linear_num_key_heads", "ssm.time_step_rank": "linear_num_value_heads",
-               "ssm.inner_size": "_ssm_inner_size", "attention.recurrent_layers": "_recurrent_layers",
-               "full_attention_interval": "full_attention_interval", "rope.dimension_count": "_rope_dim",
-               "expert_count": "num_experts"}
-
-
-def hybrid_derived(config: dict) -> dict:
-    """Layer kinds, value head size and partial rotary from what llama.cpp stores."""
-    out: dict[str, Any] = {}
-    recurrent = config.get("_recurrent_layers")
-    if recurrent is not None:
-        out["layer_types"] = [LINEAR if bool(flag) else FULL for flag in list(recurrent)[:config["num_hidden_layers"]]]
-    if config.get("_ssm_inner_size") and config.get("linear_num_value_heads"):
-        out["linear_value_head_dim"] = int(config["_ssm_inner_size"]) // int(config["linear_num_value_heads"])
-    head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
-    if config.get("_rope_dim"):
-        out["partial_rotary_factor"] = int(config["_rope_dim"]) / head_dim
-    return out
-
-
-NAME_MAPS = (HybridGGUFNames("qwen3_5", leaves=QWEN35_LEAVES, tiled_values=True),
-             HybridGGUFNames("qwen3_next", leaves=QWEN3NEXT_LEAVES, tiled_values=False, experts=EXPERT_LEAVES),
-             HybridGGUFNames("qwen3_5_moe", leaves=QWEN35MOE_LEAVES, tiled_values=True, experts=EXPERT_LEAVES))
+# Registered as Deferred entries by the package (its __init__), under these attribute names
+QWEN35_NAMES = HybridGGUFNames("qwen3_5", leaves=QWEN35_LEAVES, tiled_values=True)
+QWEN3NEXT_NAMES = HybridGGUFNames("qwen3_next", leaves=QWEN3NEXT_LEAVES, tiled_values=False, experts=EXPERT_LEAVES)
+QWEN35MOE_NAMES = HybridGGUFNames("qwen3_5_moe", leaves=QWEN35MOE_LEAVES, tiled_values=True, experts=EXPERT_LEAVES)
+NAME_MAPS = (QWEN35_NAMES, QWEN3NEXT_NAMES, QWEN35MOE_NAMES)

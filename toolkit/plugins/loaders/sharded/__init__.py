@@ -6,16 +6,16 @@ re-sharding or re-quantizing: the fastest path into a running model.
 ``toolkit.load(dest, tp=N)`` reads it. Parameters take part through the stored-state
 protocol (``stored_state()`` / ``load_stored()``, see ``toolkit.core.params``).
 """
+from toolkit.core.deferred import Deferred
 from toolkit.core.hookspecs import hookimpl
 from toolkit.core.lazy import lazy_attributes
 
 from .errors import ChecksumMismatchError, TensorParallelMismatchError
 from .loader import ShardedLoader
-from .stored import StoredNameMap
 
-# Imported on first use: registration needs only the loader and the name map, so a load of another
-# format never imports this format's reader and writer.
-_LAZY = {"ShardedCheckpoint": ".checkpoint", "ShardedSaveOptions": ".writer"}
+# Imported on first use: registration needs only the loader and the name map (Deferred, see
+# names.py), so a load of another format never imports this format's reader, writer or stored.py.
+_LAZY = {"ShardedCheckpoint": ".checkpoint", "ShardedSaveOptions": ".writer", "StoredNameMap": ".stored"}
 
 
 __getattr__ = lazy_attributes(__name__, _LAZY)
@@ -32,4 +32,4 @@ def register_loaders(register):
 
 @hookimpl
 def register_name_maps(register):
-    register(StoredNameMap(format="sharded"))
+    register(Deferred(f"{__name__}.names:NAMES", format="sharded", architecture="*"))

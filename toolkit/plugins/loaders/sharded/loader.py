@@ -6,12 +6,11 @@ from typing import Any
 
 from toolkit.core.checkpoint import Source
 
-from . import manifest
-from .options import resolve_options
+from .manifest_find import find
 from .tags import MANIFEST, TAG
 
-# The reader and the writer (safetensors, staging) are imported by open() / save(), not at
-# registration: detect() runs on every load of every format.
+# The reader and the writer (safetensors, staging, the manifest's checks, stored.py) are imported by
+# open() / save(), not at registration: detect() runs on every load of every format.
 
 
 def state_folder(source: Source) -> Path:
@@ -33,7 +32,7 @@ class ShardedLoader:
     name = "sharded"
 
     def detect(self, source: Source) -> float | None:
-        return 1.0 if manifest.find(state_folder(source), MANIFEST, TAG) else None
+        return 1.0 if find(state_folder(source), MANIFEST, TAG) else None
 
     def open(self, source: Source, load_config) -> "ShardedCheckpoint":
         from .checkpoint import ShardedCheckpoint  # noqa: PLC0415
@@ -42,6 +41,7 @@ class ShardedLoader:
 
     def save(self, loaded_model, dest, options=None) -> dict[str, Any]:
         """Write each rank's parameters as stored (see writer.py); options: ShardedSaveOptions or a mapping."""
+        from .options import resolve_options  # noqa: PLC0415
         from .writer import ShardedSaveOptions, save_rank  # noqa: PLC0415
 
         return save_everywhere(save_rank, loaded_model, dest, resolve_options(ShardedSaveOptions, options))

@@ -20,6 +20,7 @@ from toolkit.core.errors import CorruptFileError, MissingMetadataError
 
 from .errors import TensorParallelMismatchError
 from .manifest_checks import check_manifest
+from .manifest_find import find  # noqa: F401 - part of this module's interface; detect() imports manifest_find
 from .stored import json_text
 
 VERSION = 1
@@ -44,17 +45,6 @@ def merge_pieces(folder: Path, name: str, fields: dict[str, Any]) -> dict[str, A
     manifest = dict(fields, version=VERSION, ranks=ranks)
     (folder / name).write_text(json_text(manifest))
     return manifest
-
-
-def find(folder: Path, name: str, tag: str) -> Path | None:
-    """The manifest file if ``folder`` holds one of this kind (cheap; used by ``detect``)."""
-    path = folder / name
-    if not path.is_file():
-        return None
-    try:
-        return path if json.loads(path.read_text()).get("format") == tag else None
-    except (OSError, ValueError, AttributeError, RecursionError):
-        return None
 
 
 def read(path: Path, tag: str) -> dict[str, Any]:

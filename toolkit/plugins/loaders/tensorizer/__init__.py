@@ -4,14 +4,14 @@ hash-verified; loaded back at the same tp with no name mapping, re-sharding or r
 
 Same stored-state protocol and manifest as the ``sharded`` plugin, different container.
 """
+from toolkit.core.deferred import Deferred
 from toolkit.core.hookspecs import hookimpl
 from toolkit.core.lazy import lazy_attributes
-from toolkit.plugins.loaders.sharded.stored import StoredNameMap
 
 from .loader import TensorizerLoader
 
-# Imported on first use: registration needs only the loader and the name map, so a load of another
-# format never imports this format's reader and writer.
+# Imported on first use: registration needs only the loader and the name map (Deferred, see
+# names.py), so a load of another format never imports this format's reader, writer or stored.py.
 _LAZY = {"DecryptionError": ".checkpoint", "TensorizerCheckpoint": ".checkpoint", "TensorizerSaveOptions": ".writer"}
 
 
@@ -28,4 +28,4 @@ def register_loaders(register):
 
 @hookimpl
 def register_name_maps(register):
-    register(StoredNameMap(format="tensorizer"))
+    register(Deferred(f"{__name__}.names:NAMES", format="tensorizer", architecture="*"))

@@ -4,15 +4,14 @@ from __future__ import annotations
 from typing import Any
 
 from toolkit.core.checkpoint import Source
-from toolkit.plugins.loaders.sharded import manifest
 from toolkit.plugins.loaders.sharded.loader import save_everywhere, state_folder
-from toolkit.plugins.loaders.sharded.options import resolve_options
+from toolkit.plugins.loaders.sharded.manifest_find import find
 
 from .crypt import Key, key_from_environment, verify_from_environment
 from .tags import MANIFEST, TAG
 
-# The reader and the writer are imported by open() / save(), not at registration: detect() runs
-# on every load of every format.
+# The reader and the writer (and the manifest's checks, stored.py) are imported by open() / save(),
+# not at registration: detect() runs on every load of every format.
 
 
 class TensorizerLoader:
@@ -25,7 +24,7 @@ class TensorizerLoader:
         self.key, self.verify_hash = key, verify_hash
 
     def detect(self, source: Source) -> float | None:
-        return 1.0 if manifest.find(state_folder(source), MANIFEST, TAG) else None
+        return 1.0 if find(state_folder(source), MANIFEST, TAG) else None
 
     def open(self, source: Source, load_config) -> "TensorizerCheckpoint":
         from .checkpoint import TensorizerCheckpoint  # noqa: PLC0415
@@ -37,6 +36,8 @@ class TensorizerLoader:
 
     def save(self, loaded_model, dest, options=None) -> dict[str, Any]:
         """Serialize each rank's parameters as stored; options: TensorizerSaveOptions or a mapping."""
+        from toolkit.plugins.loaders.sharded.options import resolve_options  # noqa: PLC0415
+
         from .writer import TensorizerSaveOptions, save_rank  # noqa: PLC0415
 
         return save_everywhere(save_rank, loaded_model, dest, resolve_options(TensorizerSaveOptions, options))

@@ -258,15 +258,6 @@ def _copy_rows(flat: torch.Tensor, segment: Segment, parts: list[torch.Tensor]) 
         row += part.shape[0]
 
 
-@dataclass(frozen=True)
-class _ExpertRows:
-    """One expert's rows of a stacked GGUF tensor (duck-types a GGUF tensor: qtype, shape, data)."""
-
-    qtype: int
-    shape: tuple[int, int]
-    data: torch.Tensor
-
-
 def _one_expert(tensor, source_expert: int | None):
     """The expert ``source_expert`` of a stacked ``[E, rows, cols]`` tensor (or the tensor itself when
     it holds one expert), as ``[rows, cols]`` packed rows."""
@@ -277,8 +268,9 @@ def _one_expert(tensor, source_expert: int | None):
     if len(tensor.shape) != 3 or source_expert >= tensor.shape[0]:
         raise ShapeMismatchError(f"needs expert {source_expert} of a stacked [experts, rows, cols] tensor, "
                                  f"got shape {tuple(tensor.shape)}")
-    rows = tensor.shape[1]
-    return _ExpertRows(tensor.qtype, (rows, tensor.shape[2]), tensor.data.narrow(0, source_expert * rows, rows))
+    from .expert_rows import expert_rows  # noqa: PLC0415 - MoE loads only (see expert_rows.py)
+
+    return expert_rows(tensor, source_expert)
 
 
 def _matrix_shape(tensor) -> tuple[int, int]:
