@@ -119,6 +119,7 @@ def _compiled_loops(script: str, launches: int):
         _before_pdl_wait(case["ptx"])
         yield launch, case["ptx"], case["rpt"], loop
 
+
 def _assert_one_header_load_per_row(loop: list[str], rpt: int, launch: str) -> None:
     """A Q4_K/Q5_K super-block's 16-byte header reaches each row's thread as one vector load (``_header16``), and the
     loop's only narrower loads are the two 8-byte loads of the activations' block scales (``xd``, ``xs``)."""

@@ -49,9 +49,7 @@ from toolkit.core.config import ModelConfig
 from toolkit.core.errors import ConversionError
 from toolkit.core.names import MappedName, NameContext, split_packed
 
-# The metadata -> HF config rows live in hybrid_config.py, which config.py imports for every GGUF
-# file; this module (torch, two dataclasses) is imported by a hybrid load or conversion only.
-from .hybrid_config import FULL, HYBRID_KEYS, LINEAR, hybrid_derived  # noqa: F401 - re-exported
+from .hybrid_config import LINEAR
 from .moe_names import EXPERT_LEAVES, MOE_LEAVES, ROUTER_LEAVES
 from .names import GLOBAL_LEAVES, LAYER_LEAVES, IGNORED, GGUFNameMap, as_matrix, to_dense
 from .tensor import GGUFTensor
@@ -278,4 +276,3 @@ class HybridGGUFNamer:
 QWEN35_NAMES = HybridGGUFNames("qwen3_5", leaves=QWEN35_LEAVES, tiled_values=True)
 QWEN3NEXT_NAMES = HybridGGUFNames("qwen3_next", leaves=QWEN3NEXT_LEAVES, tiled_values=False, experts=EXPERT_LEAVES)
 QWEN35MOE_NAMES = HybridGGUFNames("qwen3_5_moe", leaves=QWEN35MOE_LEAVES, tiled_values=True, experts=EXPERT_LEAVES)
-NAME_MAPS = (QWEN35_NAMES, QWEN3NEXT_NAMES, QWEN35MOE_NAMES)

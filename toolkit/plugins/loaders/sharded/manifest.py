@@ -20,7 +20,6 @@ from toolkit.core.errors import CorruptFileError, MissingMetadataError
 
 from .errors import TensorParallelMismatchError
 from .manifest_checks import check_manifest
-from .manifest_find import find  # noqa: F401 - part of this module's interface; detect() imports manifest_find
 from .stored import json_text
 
 VERSION = 1
