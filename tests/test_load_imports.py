@@ -28,7 +28,12 @@ after = None
 if device == "cuda":  # one token: the first kernel calls import the Triton kernels
     loaded.generate(loaded.tokenizer.encode("Hello"), max_new_tokens=1)
     after = sorted(set(sys.modules) - before)
-print(json.dumps({"during": during, "after": after, "phases": list(loaded.report.phases)}))
+# the dataclasses the load defined: classes of the toolkit modules it imported that @dataclass processed
+dataclasses = sorted(f"{name}.{cls.__qualname__}" for name in during if name.startswith("toolkit.")
+                     for cls in vars(sys.modules[name]).values()
+                     if isinstance(cls, type) and cls.__module__ == name and "__dataclass_fields__" in vars(cls))
+print(json.dumps({"during": during, "after": after, "phases": list(loaded.report.phases),
+                  "dataclasses": dataclasses}))
 """
 
 # Never imported by a GGUF load (top-level packages, and toolkit modules of other plugins)
@@ -73,6 +78,21 @@ def test_a_cpu_gguf_load_imports_only_what_it_uses(q8_model):
     wrongly = [name for name in NOT_DURING if _imported(result["during"], name)]
     assert not wrongly, wrongly
     assert result["phases"][0] == "plugins"  # registry discovery is timed as its own phase
+
+
+# Defining a @dataclass costs ~0.5-1 ms (exec of its generated methods), so the load path's value classes are
+# hand-written records (toolkit/core/records.py). These stay dataclasses: their users call dataclasses.replace
+# or dataclasses.fields on them (and ModelConfig's subclasses are dataclasses). toolkit.kernels' own are not
+# counted here.
+LOAD_PATH_DATACLASSES = {"toolkit.core.config.ModelConfig", "toolkit.core.config.LoadConfig",
+                         "toolkit.core.loaded.LoadedModel"}
+
+
+def test_a_cpu_gguf_load_defines_no_other_dataclass(q8_model):
+    result = _load_in_fresh_process(q8_model, "cpu")
+    defined = {name for name in result["dataclasses"] if not name.startswith("toolkit.kernels.")}
+    assert LOAD_PATH_DATACLASSES <= defined  # the check can see
+    assert defined == LOAD_PATH_DATACLASSES, sorted(defined - LOAD_PATH_DATACLASSES)
 
 
 @pytest.mark.gpu

@@ -7,27 +7,32 @@ tensors read lazily one at a time. Tensors may be ``torch.Tensor`` or a format's
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Protocol
 
+from .records import FrozenRecord, Record
 
-@dataclass(frozen=True)
-class Source:
+# Source, TensorInfo and CheckpointSummary are hand-written records, not dataclasses: every load imports
+# this module, and defining a dataclass costs ~0.5-1 ms (records.py).
+
+
+class Source(FrozenRecord):
     """A resolved model reference: the path the user meant and the files under it."""
 
     reference: str
     path: Path
     files: tuple[Path, ...]
-    hint: str | None = None  # the ":QUANT" suffix of "repo:QUANT", if given
+    hint: str | None  # the ":QUANT" suffix of "repo:QUANT", if given
+
+    def __init__(self, reference: str, path: Path, files: tuple[Path, ...], hint: str | None = None):
+        self.__dict__.update(reference=reference, path=path, files=files, hint=hint)
 
     @property
     def is_dir(self) -> bool:
         return self.path.is_dir()
 
 
-@dataclass(frozen=True)
-class TensorInfo:
+class TensorInfo(FrozenRecord):
     """One row of ``toolkit inspect``: name, logical shape, storage type, bytes, file."""
 
     name: str
@@ -36,15 +41,24 @@ class TensorInfo:
     nbytes: int
     file: str
 
+    def __init__(self, name: str, shape: tuple[int, ...], dtype: str, nbytes: int, file: str):
+        self.__dict__.update(name=name, shape=shape, dtype=dtype, nbytes=nbytes, file=file)
 
-@dataclass
-class CheckpointSummary:
+
+class CheckpointSummary(Record):
     """What ``toolkit inspect`` prints, gathered without reading tensor data."""
 
     format: str
     architecture: str
     metadata: dict[str, Any]
-    tensors: list[TensorInfo] = field(default_factory=list)
+    tensors: list[TensorInfo]
+
+    def __init__(self, format: str, architecture: str, metadata: dict[str, Any],
+                 tensors: list[TensorInfo] | None = None):
+        self.format = format
+        self.architecture = architecture
+        self.metadata = metadata
+        self.tensors = [] if tensors is None else tensors
 
 
 class Checkpoint(Protocol):

@@ -6,15 +6,17 @@ optional value transform. It is data plus a little code; nothing builds a dummy 
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Protocol
 
 from .arch import ModelArch
 from .config import ModelConfig
+from .records import FrozenRecord
+
+# MappedName, NameContext and HFNameMap are hand-written records, not dataclasses: every load imports
+# this module, and defining a dataclass costs ~0.5-1 ms (records.py).
 
 
-@dataclass(frozen=True)
-class MappedName:
+class MappedName(FrozenRecord):
     """Where a checkpoint tensor goes.
 
     ``expert_id`` names the one expert a per-expert tensor holds (``mlp.experts.3.up_proj``);
@@ -28,21 +30,28 @@ class MappedName:
     """
 
     canonical: str
-    shard_id: int | None = None
-    transform: Callable[[Any], Any] | None = None
-    stored_part: str | None = None
+    shard_id: int | None
+    transform: Callable[[Any], Any] | None
+    stored_part: str | None
     # For expert parameters ([experts, out, in]): the expert this checkpoint tensor holds, or
     # None when it stacks all of them. The owning layer's ``load_expert_weight`` places it.
-    expert_id: int | None = None
+    expert_id: int | None
+
+    def __init__(self, canonical: str, shard_id: int | None = None, transform: Callable[[Any], Any] | None = None,
+                 stored_part: str | None = None, expert_id: int | None = None):
+        self.__dict__.update(canonical=canonical, shard_id=shard_id, transform=transform, stored_part=stored_part,
+                             expert_id=expert_id)
 
 
-@dataclass(frozen=True)
-class NameContext:
+class NameContext(FrozenRecord):
     """What a name map may consult: the architecture, its config and the model's parameter names."""
 
     arch: ModelArch
     config: ModelConfig
     parameter_names: frozenset[str]
+
+    def __init__(self, arch: ModelArch, config: ModelConfig, parameter_names: frozenset[str]):
+        self.__dict__.update(arch=arch, config=config, parameter_names=parameter_names)
 
 
 class NameMap(Protocol):
@@ -78,13 +87,15 @@ def map_hf_name(name: str, context: NameContext, transform: Callable | None = No
     return MappedName(canonical, shard_id, transform)
 
 
-@dataclass(frozen=True)
-class HFNameMap:
+class HFNameMap(FrozenRecord):
     """Hugging Face names are our canonical names: only packing applies. Any format that keeps
     HF names (single-file or sharded HF checkpoints) registers one of these."""
 
     format: str
-    architecture: str = "*"
+    architecture: str
+
+    def __init__(self, format: str, architecture: str = "*"):
+        self.__dict__.update(format=format, architecture=architecture)
 
     def map(self, name: str, context: NameContext) -> MappedName | None:
         return map_hf_name(name, context)

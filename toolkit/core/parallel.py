@@ -23,19 +23,25 @@ from __future__ import annotations
 import atexit
 import importlib
 import socket
-from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from .records import FrozenRecord
 
-@dataclass(frozen=True)
-class ParallelContext:
-    tp_rank: int = 0
-    tp_size: int = 1
-    group: Any = None  # None: the default (world) group, looked up per call, never held (module doc)
+
+class ParallelContext(FrozenRecord):
+    """This rank's place in the tensor-parallel group. A hand-written record, not a dataclass: a load
+    imports this module (records.py says why)."""
+
+    tp_rank: int
+    tp_size: int
+    group: Any  # None: the default (world) group, looked up per call, never held (module doc)
+
+    def __init__(self, tp_rank: int = 0, tp_size: int = 1, group: Any = None):
+        self.__dict__.update(tp_rank=tp_rank, tp_size=tp_size, group=group)
 
     @property
     def is_distributed(self) -> bool:

@@ -17,33 +17,38 @@ Subclasses whose memory holds more than ``self.data`` override both.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
 from torch import nn
 
 from .errors import ShapeMismatchError, ShardingError, UnexpectedTensorError
+from .records import FrozenRecord
 from .transfer import copy_into
 
 Axis = Literal["output", "input"]
 
 
-@dataclass(frozen=True)
-class Placement:
+class Placement(FrozenRecord):
     """Take ``size`` elements from ``source_start`` along ``axis`` of the checkpoint tensor and put
-    them at ``dest_offset`` along the same axis of this rank's parameter."""
+    them at ``dest_offset`` along the same axis of this rank's parameter. (A hand-written record,
+    not a dataclass: a load imports this module; records.py says why.)"""
 
     axis: Axis
     source_start: int
     size: int
-    dest_offset: int = 0
-    shard_id: Any = None
+    dest_offset: int
+    shard_id: Any
     # Expert parameters ([experts, out, in]): ``expert`` is the local expert written; the
     # checkpoint tensor holds one expert ([out, in], ``source_expert`` None) or all of them
     # ([experts, out, in], ``source_expert`` picks one). Output/input axes are those of one expert.
-    expert: int | None = None
-    source_expert: int | None = None
+    expert: int | None
+    source_expert: int | None
+
+    def __init__(self, axis: Axis, source_start: int, size: int, dest_offset: int = 0, shard_id: Any = None,
+                 expert: int | None = None, source_expert: int | None = None):
+        self.__dict__.update(axis=axis, source_start=source_start, size=size, dest_offset=dest_offset,
+                             shard_id=shard_id, expert=expert, source_expert=source_expert)
 
 
 class ModelParameter(nn.Parameter):

@@ -9,29 +9,39 @@ from __future__ import annotations
 import importlib
 import os
 import warnings
-from dataclasses import dataclass, field
 from importlib.metadata import Distribution, EntryPoint
 
 import pluggy
 
 from . import hookspecs
 from .entry_point_scan import entry_points, name_and_version
+from .records import Record
 
 GROUP = "toolkit"
 BUILTIN_DISTRIBUTION = "toolkit"
 
 
-@dataclass
-class PluginInfo:
-    """What ``toolkit plugins`` shows for one plugin."""
+class PluginInfo(Record):
+    """What ``toolkit plugins`` shows for one plugin. A hand-written record, not a dataclass: every
+    load discovers the plugins (records.py says why)."""
 
     name: str
     module: str
     distribution: str
     version: str
     is_builtin: bool
-    error: str | None = None
-    registers: dict[str, list[str]] = field(default_factory=dict)
+    error: str | None
+    registers: dict[str, list[str]]
+
+    def __init__(self, name: str, module: str, distribution: str, version: str, is_builtin: bool,
+                 error: str | None = None, registers: dict[str, list[str]] | None = None):
+        self.name = name
+        self.module = module
+        self.distribution = distribution
+        self.version = version
+        self.is_builtin = is_builtin
+        self.error = error
+        self.registers = {} if registers is None else registers
 
     @property
     def origin(self) -> str:

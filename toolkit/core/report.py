@@ -3,27 +3,45 @@ from __future__ import annotations
 
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass, field
-
+from .records import Record
 from .units import format_rate
 
 
-@dataclass
-class LoadReport:
-    format: str = ""
-    architecture: str = ""
-    scheme: str = ""
-    files: list[str] = field(default_factory=list)
-    phases: dict[str, float] = field(default_factory=dict)
+class LoadReport(Record):
+    """What a load did and how long each phase took. A hand-written record, not a dataclass: every
+    load imports this module (records.py says why)."""
+
+    format: str
+    architecture: str
+    scheme: str
+    files: list[str]
+    phases: dict[str, float]
     # perf_counter() when each phase first began: a benchmark times a span that starts at a phase
     # (bench/bench_load_phases.py measures from ``build`` on, where llama.cpp's load time starts)
-    phase_starts: dict[str, float] = field(default_factory=dict)
-    bytes_read: int = 0
-    tensors_mapped: int = 0
-    tensors_skipped: int = 0
-    num_parameters: int = 0
-    parameter_bytes: int = 0
-    notes: list[str] = field(default_factory=list)
+    phase_starts: dict[str, float]
+    bytes_read: int
+    tensors_mapped: int
+    tensors_skipped: int
+    num_parameters: int
+    parameter_bytes: int
+    notes: list[str]
+
+    def __init__(self, format: str = "", architecture: str = "", scheme: str = "", files: list[str] | None = None,
+                 phases: dict[str, float] | None = None, phase_starts: dict[str, float] | None = None,
+                 bytes_read: int = 0, tensors_mapped: int = 0, tensors_skipped: int = 0, num_parameters: int = 0,
+                 parameter_bytes: int = 0, notes: list[str] | None = None):
+        self.format = format
+        self.architecture = architecture
+        self.scheme = scheme
+        self.files = [] if files is None else files
+        self.phases = {} if phases is None else phases
+        self.phase_starts = {} if phase_starts is None else phase_starts
+        self.bytes_read = bytes_read
+        self.tensors_mapped = tensors_mapped
+        self.tensors_skipped = tensors_skipped
+        self.num_parameters = num_parameters
+        self.parameter_bytes = parameter_bytes
+        self.notes = [] if notes is None else notes
 
     @contextmanager
     def phase(self, name: str):

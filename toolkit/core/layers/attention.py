@@ -8,19 +8,17 @@ each sequence attends causally over its own new tokens only, which is what ``log
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 from torch import nn
 
 from ...kernels import runtime
 from ...kernels.int8_blocks import attach, requested
 from ...kernels.split_sums import SplitSums, reduced
+from ..records import Record
 from .rotary import RotaryEmbedding
 
 
-@dataclass
-class AttentionMetadata:
+class AttentionMetadata(Record):
     """Where each sequence's new tokens sit in the flat batch and where its KV lives.
 
     :param query_start_loc: [num_seqs + 1] offsets of each sequence's new tokens in the batch
@@ -29,15 +27,28 @@ class AttentionMetadata:
     :param block_tables: [num_seqs, max_blocks] KV block ids per sequence (-1 padded), or None
     :param state_slots: [num_seqs] row of each sequence in the bound recurrent states, or None
         (recurrent layers then start every sequence from zero and keep nothing)
+
+    A hand-written record, not a dataclass: a load imports this module (records.py says why).
     """
 
     query_start_loc: torch.Tensor
     seq_lens: torch.Tensor
-    slot_mapping: torch.Tensor | None = None
-    block_tables: torch.Tensor | None = None
-    max_query_len: int = 0
-    max_seq_len: int = 0
-    state_slots: torch.Tensor | None = None
+    slot_mapping: torch.Tensor | None
+    block_tables: torch.Tensor | None
+    max_query_len: int
+    max_seq_len: int
+    state_slots: torch.Tensor | None
+
+    def __init__(self, query_start_loc: torch.Tensor, seq_lens: torch.Tensor, slot_mapping: torch.Tensor | None = None,
+                 block_tables: torch.Tensor | None = None, max_query_len: int = 0, max_seq_len: int = 0,
+                 state_slots: torch.Tensor | None = None):
+        self.query_start_loc = query_start_loc
+        self.seq_lens = seq_lens
+        self.slot_mapping = slot_mapping
+        self.block_tables = block_tables
+        self.max_query_len = max_query_len
+        self.max_seq_len = max_seq_len
+        self.state_slots = state_slots
 
     @classmethod
     def for_prompts(cls, lengths: list[int], device: torch.device | str = "cpu") -> "AttentionMetadata":

@@ -5,8 +5,6 @@ gate/up fused; ``PACKED_MODULES`` tells name maps how the fused ones are assembl
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -17,6 +15,7 @@ from toolkit.core.layers import (Attention, AttentionMetadata, MergedColumnParal
                                  QKVParallelLinear, RMSNorm, RotaryEmbedding, RowParallelLinear, VocabParallelEmbedding)
 from toolkit.core.parallel import ParallelContext
 from toolkit.core.quant import QuantScheme
+from toolkit.core.records import FrozenRecord
 from toolkit.kernels.int8_blocks import gated, requested
 from toolkit.kernels.split_sums import SplitSums, reduced
 
@@ -26,18 +25,25 @@ ACTIVATIONS = {"silu": F.silu, "gelu_pytorch_tanh": lambda x: F.gelu(x, approxim
                "gelu": F.gelu}
 
 
-@dataclass(frozen=True)
-class AttentionOptions:
-    """Per-layer attention choices an architecture makes (never per format)."""
+class AttentionOptions(FrozenRecord):
+    """Per-layer attention choices an architecture makes (never per format). A hand-written record,
+    not a dataclass: every model build imports this module (toolkit/core/records.py says why)."""
 
-    qkv_bias: bool = False
-    qk_norm: bool = False
-    norm_offset: float = 0.0
-    rope_theta: float = 10000.0
-    rope_scaling: dict | None = None
-    sliding_window: int | None = None
-    scale: float | None = None
-    logit_softcap: float | None = None
+    qkv_bias: bool
+    qk_norm: bool
+    norm_offset: float
+    rope_theta: float
+    rope_scaling: dict | None
+    sliding_window: int | None
+    scale: float | None
+    logit_softcap: float | None
+
+    def __init__(self, qkv_bias: bool = False, qk_norm: bool = False, norm_offset: float = 0.0,
+                 rope_theta: float = 10000.0, rope_scaling: dict | None = None, sliding_window: int | None = None,
+                 scale: float | None = None, logit_softcap: float | None = None):
+        self.__dict__.update(qkv_bias=qkv_bias, qk_norm=qk_norm, norm_offset=norm_offset, rope_theta=rope_theta,
+                             rope_scaling=rope_scaling, sliding_window=sliding_window, scale=scale,
+                             logit_softcap=logit_softcap)
 
 
 class DecoderAttention(nn.Module):

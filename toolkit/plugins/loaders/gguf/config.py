@@ -8,10 +8,10 @@ architectures are known.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 from toolkit.core import validate as v
+from toolkit.core.records import FrozenRecord
 
 from .hybrid_config import HYBRID_KEYS, hybrid_derived
 from .metadata import Metadata
@@ -40,8 +40,7 @@ TOKEN_ID_KEYS = {"bos_token_id": "bos_token_id", "eos_token_id": "eos_token_id",
                  "padding_token_id": "pad_token_id", "unknown_token_id": "unk_token_id"}
 
 
-@dataclass(frozen=True)
-class ArchSpec:
+class ArchSpec(FrozenRecord):
     """How one GGUF ``general.architecture`` reads as an HF config.
 
     :param model_type: HF ``model_type``
@@ -51,15 +50,25 @@ class ArchSpec:
     :param derived: functions (config so far) -> more keys, for values computed from others
     :param also: other HF architectures llama.cpp writes under this name (Mixtral as ``llama``)
     :param optional: suffixes of REQUIRED this architecture may lack (Qwen3.5-MoE has no dense FFN)
+
+    A hand-written record, not a dataclass: a GGUF load imports this module (toolkit/core/records.py
+    says why).
     """
 
     model_type: str
     architectures: tuple[str, ...]
-    keys: Mapping[str, str] = field(default_factory=dict)
-    constants: Mapping[str, Any] = field(default_factory=dict)
-    derived: tuple[Callable[[dict], dict], ...] = ()
-    also: tuple[str, ...] = ()
-    optional: tuple[str, ...] = ()
+    keys: Mapping[str, str]
+    constants: Mapping[str, Any]
+    derived: tuple[Callable[[dict], dict], ...]
+    also: tuple[str, ...]
+    optional: tuple[str, ...]
+
+    def __init__(self, model_type: str, architectures: tuple[str, ...], keys: Mapping[str, str] | None = None,
+                 constants: Mapping[str, Any] | None = None, derived: tuple[Callable[[dict], dict], ...] = (),
+                 also: tuple[str, ...] = (), optional: tuple[str, ...] = ()):
+        self.__dict__.update(model_type=model_type, architectures=architectures, keys={} if keys is None else keys,
+                             constants={} if constants is None else constants, derived=derived, also=also,
+                             optional=optional)
 
 
 def gemma3_layer_types(config: dict) -> dict:

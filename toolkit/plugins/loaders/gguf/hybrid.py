@@ -37,7 +37,7 @@ moe_names.py, unchanged: stacked ``ffn_{gate,up,down}_exps`` (kept packed), the 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import partial
 from typing import Any, Callable, Mapping
 
@@ -133,13 +133,19 @@ class _Dims:
 
 
 # ---- reading -----------------------------------------------------------------------------------
-@dataclass(frozen=True)
 class HybridGGUFNames(GGUFNameMap):
-    """The reader's map for ``qwen35`` / ``qwen3next`` (see the module docstring)."""
+    """The reader's map for ``qwen35`` / ``qwen3next`` (see the module docstring). Like its base, a
+    hand-written record (toolkit/core/records.py); ``leaves`` defaults to QWEN35_LEAVES, ``norm_offset``
+    to 1.0."""
 
-    leaves: Mapping[str, str] = field(default_factory=lambda: QWEN35_LEAVES)
-    norm_offset: float = 1.0
-    tiled_values: bool = True  # Qwen3.5's converter reorders value heads; Qwen3-Next's does not
+    tiled_values: bool  # Qwen3.5's converter reorders value heads; Qwen3-Next's does not
+
+    def __init__(self, architecture: str, leaves: Mapping[str, str] | None = None, norm_offset: float = 1.0,
+                 rope_interleaved: bool = False, format: str = "gguf",
+                 experts: Mapping[str, tuple[str, int | None]] | None = None, tiled_values: bool = True):
+        super().__init__(architecture, QWEN35_LEAVES if leaves is None else leaves, norm_offset, rope_interleaved,
+                         format, experts)
+        self.__dict__["tiled_values"] = tiled_values
 
     def namer(self, config: ModelConfig, gguf_arch: str, packed_modules=None) -> "HybridGGUFNamer":
         return HybridGGUFNamer(self, config, gguf_arch, packed_modules or {})

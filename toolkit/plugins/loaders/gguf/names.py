@@ -13,7 +13,6 @@ never in a model file:
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Callable, Mapping
 
@@ -21,6 +20,7 @@ import torch
 
 from toolkit.core.errors import ShapeMismatchError
 from toolkit.core.names import MappedName, NameContext, split_packed
+from toolkit.core.records import FrozenRecord
 
 from .leaves import DENSE_LEAVES, GEMMA3_LAYER_LEAVES, GLOBAL_LEAVES, IGNORED, LAYER_LEAVES  # noqa: F401
 from .moe_names import EXPERT_LEAVES, MOE_LEAVES, ROUTER_LEAVES
@@ -29,22 +29,31 @@ from .tensor import GGUFTensor
 _NAME = re.compile(r"^(?:blk\.(?P<layer>\d+)\.)?(?P<leaf>[A-Za-z0-9_]+)\.(?P<kind>weight|bias)$")
 
 
-@dataclass(frozen=True)
-class GGUFNameMap:
+class GGUFNameMap(FrozenRecord):
     """The name map of one architecture.
 
-    :param leaves: GGUF leaf -> HF module path inside ``model.layers.{i}`` (layer tensors)
+    :param leaves: GGUF leaf -> HF module path inside ``model.layers.{i}`` (layer tensors; default LAYER_LEAVES)
     :param norm_offset: what llama.cpp added to norm weights (Gemma: 1.0)
     :param rope_interleaved: q/k rows use llama.cpp's interleaved rotary order (Llama)
     :param experts: GGUF leaf -> (stacked expert parameter inside the layer, shard id), for MoE models
+
+    A hand-written record, not a dataclass: a GGUF load imports this module (toolkit/core/records.py
+    says why).
     """
 
     architecture: str
-    leaves: Mapping[str, str] = field(default_factory=lambda: LAYER_LEAVES)
-    norm_offset: float = 0.0
-    rope_interleaved: bool = False
-    format: str = "gguf"
-    experts: Mapping[str, tuple[str, int | None]] = field(default_factory=dict)
+    leaves: Mapping[str, str]
+    norm_offset: float
+    rope_interleaved: bool
+    format: str
+    experts: Mapping[str, tuple[str, int | None]]
+
+    def __init__(self, architecture: str, leaves: Mapping[str, str] | None = None, norm_offset: float = 0.0,
+                 rope_interleaved: bool = False, format: str = "gguf",
+                 experts: Mapping[str, tuple[str, int | None]] | None = None):
+        self.__dict__.update(architecture=architecture, leaves=LAYER_LEAVES if leaves is None else leaves,
+                             norm_offset=norm_offset, rope_interleaved=rope_interleaved, format=format,
+                             experts={} if experts is None else experts)
 
     def map(self, name: str, context: NameContext) -> MappedName | None:
         if name in IGNORED:

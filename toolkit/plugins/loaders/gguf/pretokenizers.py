@@ -14,7 +14,7 @@ that is itself a token skips the merges (``ignore_merges``).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from toolkit.core.records import FrozenRecord
 
 _CONTRACTIONS = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])"
 GPT2 = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)"
@@ -51,16 +51,22 @@ _DEEPSEEK_LATIN = (
     "[A-Za-z\xb5\xc0-\xd6\xd8-\xf6\xf8-\u01ba\u01bc-\u01bf\u01c4-\u0293\u0295-\u02af\u0370-\u0373\u0376\u0377\u037b-\u037d\u037f\u0386\u0388-\u038a\u038c\u038e-\u03a1\u03a3-\u03f5\u03f7-\u0481\u048a-\u052f\u0531-\u0556\u10a0-\u10c5\u13a0-\u13f5\u13f8-\u13fd\u1c90-\u1cba\u1cbd-\u1cbf\u1d00-\u1d2b\u1d6b-\u1d77\u1d79-\u1d9a\u1e00-\u1f15\u1f18-\u1f1d\u1f20-\u1f45\u1f48-\u1f4d\u1f50-\u1f57\u1f59\u1f5b\u1f5d\u1f5f-\u1f7d\u1f80-\u1fb4\u1fb6-\u1fbc\u1fbe\u1fc2-\u1fc4\u1fc6-\u1fcc\u1fd0-\u1fd3\u1fd6-\u1fdb\u1fe0-\u1fec\u1ff2-\u1ff4\u1ff6-\u1ffc\u2102\u2107\u210a-\u2113\u2115\u2119-\u211d\u2124\u2126\u2128\u212a-\u212d\u212f-\u2134\u2139\u213c-\u213f\u2145-\u2149\u214e\u2183\u2184\u2c00-\u2c7b\u2c7e-\u2ce4\u2ceb-\u2cee\u2cf2\u2cf3\ua640-\ua66d\ua680-\ua69b\ua722-\ua76f\ua771-\ua787\ua78b-\ua78e\uab70-\uabbf\ufb00-\ufb06\ufb13-\ufb17\uff21-\uff3a\uff41-\uff5a\U00010400-\U0001044f\U000104b0-\U000104d3\U000104d8-\U000104fb\U00010c80-\U00010cb2\U00010cc0-\U00010cf2\U000118a0-\U000118df\U0001e900-\U0001e943]")
 
 
-@dataclass(frozen=True)
-class PreTokenizer:
-    """One llama.cpp pre-tokenizer type: its split regexes, in order, and how pieces are fed to BPE."""
+class PreTokenizer(FrozenRecord):
+    """One llama.cpp pre-tokenizer type: its split regexes, in order, and how pieces are fed to BPE.
+    (A hand-written record, not a dataclass: a GGUF load imports this module; toolkit/core/records.py
+    says why.)"""
     name: str
     regexes: tuple[str, ...]
-    byte_encode: bool = True          # False: raw UTF-8 pieces, <0xXX> byte fallback
-    escape_whitespace: bool = False   # spaces become "▁" before splitting
-    ignore_merges: bool = False       # a piece that is a whole token is not merged
-    add_bos: bool | None = None       # llama.cpp's add-BOS default for the type (None: the model's)
-    force_bos: bool = False           # add BOS even when the file says not to (llama.cpp's Gemma 4 rule)
+    byte_encode: bool          # False: raw UTF-8 pieces, <0xXX> byte fallback
+    escape_whitespace: bool    # spaces become "▁" before splitting
+    ignore_merges: bool        # a piece that is a whole token is not merged
+    add_bos: bool | None       # llama.cpp's add-BOS default for the type (None: the model's)
+    force_bos: bool            # add BOS even when the file says not to (llama.cpp's Gemma 4 rule)
+
+    def __init__(self, name: str, regexes: tuple[str, ...], byte_encode: bool = True, escape_whitespace: bool = False,
+                 ignore_merges: bool = False, add_bos: bool | None = None, force_bos: bool = False):
+        self.__dict__.update(name=name, regexes=regexes, byte_encode=byte_encode, escape_whitespace=escape_whitespace,
+                             ignore_merges=ignore_merges, add_bos=add_bos, force_bos=force_bos)
 
 
 def _type(name, *regexes, **flags) -> PreTokenizer:

@@ -7,12 +7,12 @@ that are not packed (norms, biases).
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass
 
 import numpy as np
 import torch
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
+from toolkit.core.records import FrozenRecord
 from toolkit.kernels import runtime
 
 # Types whose rows are plain values; everything else is blocks the kernels dequantize.
@@ -20,15 +20,18 @@ DENSE_DTYPES = {int(GGMLQuantizationType.F32): torch.float32, int(GGMLQuantizati
                 int(GGMLQuantizationType.BF16): torch.bfloat16}
 
 
-@dataclass(frozen=True)
-class GGUFTensor:
+class GGUFTensor(FrozenRecord):
     """A GGUF tensor: ``shape`` is logical, in torch order (rows, cols); ``data`` is uint8
-    ``[rows, row_bytes]`` (a 1-D tensor is one row), viewing the file's memory map."""
+    ``[rows, row_bytes]`` (a 1-D tensor is one row), viewing the file's memory map. (A hand-written
+    record, not a dataclass: a GGUF load imports this module; toolkit/core/records.py says why.)"""
 
     name: str
     qtype: int
     shape: tuple[int, ...]
     data: torch.Tensor
+
+    def __init__(self, name: str, qtype: int, shape: tuple[int, ...], data: torch.Tensor):
+        self.__dict__.update(name=name, qtype=qtype, shape=shape, data=data)
 
     @property
     def nbytes(self) -> int:

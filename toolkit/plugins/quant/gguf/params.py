@@ -15,13 +15,13 @@ once, into ``self.data``: one flat uint8 buffer on the parameter's device.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from toolkit.core.errors import ShapeMismatchError, ShardingError, UnexpectedTensorError, UnsupportedQuantTypeError
 from toolkit.core.params import ModelParameter, Placement
+from toolkit.core.records import FrozenRecord
 from toolkit.core.transfer import copy_into
 from toolkit.kernels.gguf import block_size, bytes_per_row, is_supported, type_name, type_size
 
@@ -31,16 +31,20 @@ FLOAT_DTYPES = {0: torch.float32, 1: torch.float16, 30: torch.bfloat16}
 FLOAT_QTYPES = {dtype: qtype for qtype, dtype in FLOAT_DTYPES.items()}
 
 
-@dataclass(frozen=True)
-class Segment:
+class Segment(FrozenRecord):
     """Output rows ``[row_start, row_start + rows)`` stored as ``qtype`` rows of ``row_bytes``
-    bytes, at ``byte_offset`` in the parameter's flat buffer."""
+    bytes, at ``byte_offset`` in the parameter's flat buffer. (A hand-written record, not a
+    dataclass: a GGUF load imports this module; toolkit/core/records.py says why.)"""
 
     row_start: int
     rows: int
     qtype: int
     byte_offset: int
     row_bytes: int
+
+    def __init__(self, row_start: int, rows: int, qtype: int, byte_offset: int, row_bytes: int):
+        self.__dict__.update(row_start=row_start, rows=rows, qtype=qtype, byte_offset=byte_offset,
+                             row_bytes=row_bytes)
 
     @property
     def nbytes(self) -> int:
