@@ -23,25 +23,27 @@ Where the tensor counts versions (outside inference mode), an in-place change ma
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
-
 import torch
 
 from . import runtime
+from ..core.records import FrozenRecord
 from .split_sums import SplitSums, unpieced
 
 _ATTRIBUTE = "_toolkit_int8_blocks"
 
 
-@dataclass(frozen=True)
-class Int8Input:
+# Int8Input and Int8Blocks are hand-written records, not dataclasses: every load imports this module, and defining a
+# dataclass costs ~0.5-1 ms (core/records.py).
+class Int8Input(FrozenRecord):
     """What a consumer reads: int8 blocks of 32, with the per-block sums ``d * sum(q)`` when ``sums``."""
 
     sums: bool
 
+    def __init__(self, sums: bool):
+        self.__dict__.update(sums=sums)
 
-@dataclass(frozen=True)
-class Int8Blocks:
+
+class Int8Blocks(FrozenRecord):
     """``x [T, K]`` rounded: ``words [T, K / 4]`` int32 (byte i of word w is column 4w + i, so
     ``words.view(torch.int8)`` is ``q [T, K]``), ``scales [T, K / 32]`` float32, ``sums [T, K / 32]``
     float32 or None."""
@@ -49,7 +51,10 @@ class Int8Blocks:
     words: torch.Tensor
     scales: torch.Tensor
     sums: torch.Tensor | None
-    version: int | None = -1
+    version: int | None
+
+    def __init__(self, words: torch.Tensor, scales: torch.Tensor, sums: torch.Tensor | None, version: int | None = -1):
+        self.__dict__.update(words=words, scales=scales, sums=sums, version=version)
 
 
 def merge(*requests: Int8Input | None) -> Int8Input | None:

@@ -22,21 +22,26 @@ time. ``register``, ``reset`` and ``invalidate`` empty the cache.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Callable
 
 import torch
 
 from ..core.errors import UnknownNameError
+from ..core.records import FrozenRecord
 
 
-@dataclass(frozen=True)
-class OpImpl:
+class OpImpl(FrozenRecord):
+    """One registered implementation of an op. A hand-written record, not a dataclass: every load imports this
+    module, and defining a dataclass costs ~0.5-1 ms (``core/records.py``)."""
+
     op_name: str
     fn: Callable
     device: str  # "any", "cpu" or "cuda"
     priority: int
     owner: str
+
+    def __init__(self, op_name: str, fn: Callable, device: str, priority: int, owner: str):
+        self.__dict__.update(op_name=op_name, fn=fn, device=device, priority=priority, owner=owner)
 
 
 _OPS: dict[str, list[OpImpl]] = {}

@@ -22,19 +22,23 @@ add with the next norm, the gated activation) reads its input once anyway: it ad
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
 from . import runtime
+from ..core.records import FrozenRecord
+
+# SplitSums and Columns are hand-written records, not dataclasses: every load imports this module, and defining a
+# dataclass costs ~0.5-1 ms (core/records.py).
 
 
-@dataclass(frozen=True)
-class SplitSums:
+class SplitSums(FrozenRecord):
     """``parts [S, T, N]`` float32 (S >= 2), whose sum over S rounded to ``dtype`` is the matmul's ``[T, N]``."""
 
     parts: torch.Tensor
     dtype: torch.dtype
+
+    def __init__(self, parts: torch.Tensor, dtype: torch.dtype):
+        self.__dict__.update(parts=parts, dtype=dtype)
 
     @property
     def shape(self) -> torch.Size:
@@ -45,12 +49,14 @@ class SplitSums:
         return runtime.call("sum_splits", self.parts, self.dtype)
 
 
-@dataclass(frozen=True)
-class Columns:
+class Columns(FrozenRecord):
     """A layer's output computed in column ranges side by side (a weight whose rows have several quant types, one
     matmul each): ``pieces`` of ``[T, N_i]``, each a tensor or ``SplitSums``, together ``[T, sum N_i]``."""
 
     pieces: tuple
+
+    def __init__(self, pieces: tuple):
+        self.__dict__.update(pieces=pieces)
 
     @property
     def shape(self) -> torch.Size:
