@@ -81,6 +81,10 @@ Q6K_REGISTERS = 64   # the Q6_K register cap of 2,048-column weights (below)
 # 15.1-15.4, 14336x4096 15.0-15.6 / 14.0-14.5, 28672x4096 25.9-26.2 / 25.5-25.7, 4096x4096 5.9-6.0 / 5.7, 16384x2048
 # 9.1 / 9.1; Q5_K 4096x14336 18.0 / 16.5-16.6, 14336x4096 17.3-17.4 / 16.7-16.8, 4096x4096 6.1-6.2 / 5.4, 16384x2048
 # 10.6 / 10.7-10.8. Outputs torch.equal. The rules did not change.
+# Session 38: Q4_0's first group loaded before the PDL wait (``gluon_gemv_q4_0``'s ``EARLY``; H200, us, before / after:
+# 14336x4096 12.3 / 10.8, 16384x2048 8.3 / 7.3, 4096x14336 13.8 / 13.2; 1.5B Q4_0 batch-1 TPOT 0.726 / 0.668 ms). The
+# same idea for Q6_K as an L2 prefetch of the first group (its loads do not fit in registers ahead of the wait) was
+# 23% slower (4096x14336 16.9 / 20.7 us) and is not kept.
 # ``TOOLKIT_GGUF_GLUON_GEMV=0`` keeps the Triton GEMV, ``=Q4_K`` (type names, comma-separated) keeps it for the other
 # types; ``TOOLKIT_GGUF_GLUON_GEMV_LAUNCH=step,rows per thread,warps,split[,registers]`` (split 0: the rule's;
 # registers 0 or left out: no cap) sets the launch (benchmarks).
@@ -126,6 +130,12 @@ def _gemv_kernels():
             "Q4_0": gluon_gemv_q4_0_kernel}
 
 
+def _early_weights() -> bool:
+    """Whether the Q4_0 kernel loads its first group's weights before its PDL wait (``gluon_gemv_q4_0``'s ``EARLY``);
+    ``TOOLKIT_GGUF_GLUON_EARLY=0`` turns it off (read at each call, for A/B runs)."""
+    return os.environ.get("TOOLKIT_GGUF_GLUON_EARLY", "1") != "0"
+
+
 def _turned_on(name: str) -> bool:
     setting = os.environ.get("TOOLKIT_GGUF_GLUON_GEMV", "1")
     return setting == "1" or name in setting.split(",")
@@ -164,5 +174,6 @@ def gluon_gemv(name: str, words: torch.Tensor, scales: torch.Tensor, sums: torch
         kernel[grid](words, scales, data, out, rows, cols // split, data.stride(0), GROUPS=step,
                      SCALE_WINDOWS=not registers or registers > Q6K_REGISTERS, **common)
     else:  # Q4_0
-        kernel[grid](words, scales, data, out, rows, cols // split, data.stride(0), GROUPS=step, **common)
+        kernel[grid](words, scales, data, out, rows, cols // split, data.stride(0), GROUPS=step, EARLY=_early_weights(),
+                     **common)
     return finish_splits(out, x.dtype, unreduced)

@@ -19,6 +19,13 @@ In ggml's layout quant byte ``j`` of a block holds column ``j`` (low nibble) and
 activation words by ones, once per thread for all its rows), so the nibbles need no sign fix.
 
 Math as ``triton_gemv_tokens``' Q4_0 branch: per block ``d xd dot(q - 8, x)``, float32 sums.
+
+The first group's weights are loaded before the PDL wait (``EARLY``), as the Q4_K kernel does: no kernel of a step
+writes weights (``triton_pdl``), so their round trip can overlap the end of the kernel before instead of following it
+(session 38, H200, GEMV alone with the partial sums handed on, us: 4096x14336 13.8 ->
+13.2, 14336x4096 12.3 -> 10.8, 16384x2048 8.3 -> 7.3, 2048x2048 2.2 -> 1.8; the 1.5B Q4_0 file's batch-1 TPOT 0.726
+-> 0.668 ms). ptxas: 62 registers against 54 at one row per thread and one warp, 56 either way at two rows and four
+warps; nothing spilled.
 """
 from __future__ import annotations
 
@@ -64,12 +71,34 @@ def _block(qs, scale, x_lo, x_hi, xd):
 
 
 @gluon.jit
+def _group_words(rows, group, piece, word):
+    """The three 16-byte vectors ``[R, UPR, 4]`` from byte ``32 t`` of group ``group`` of each thread's rows."""
+    vec = (rows + GROUP_BYTES * group + piece).to(gl.pointer_type(gl.uint32))[:, :, None] + word
+    return gl.load(vec), gl.load(vec + 4), gl.load(vec + 8)
+
+
+@gluon.jit
+def _group_sum(vectors, t, word, x, xd):
+    """Each thread's ``[R, UPR]`` sum of its two blocks of a group (``vectors``: ``_group_words``', ``t``: the
+    thread's word offset) against its activation words ``x [UPR, 4]`` (pointers) and block scales ``xd``."""
+    v0, v1, v2 = vectors
+    first, second = window(v0, v1, t), window(v1, v2, t)          # words t..t+3, t+4..t+7
+    last = window(v2, v2, t)                                      # word t+8 first
+    xd_a, xd_b = _floats(xd)
+    return (_block(funnel(first, second, 2), lane_word(first, word, 0), gl.load(x), gl.load(x + 4), xd_a)
+            + _block(funnel(second, last, 4), lane_word(second, word, 0) >> 16, gl.load(x + 8), gl.load(x + 12), xd_b))
+
+
+@gluon.jit
 def gluon_gemv_q4_0_kernel(xq_ptr, xd_ptr, w_ptr, out_ptr, N, K_SPLIT, row_bytes, GROUPS: gl.constexpr,
-                           RPT: gl.constexpr, num_warps: gl.constexpr, PDL: gl.constexpr = False):
+                           RPT: gl.constexpr, num_warps: gl.constexpr, PDL: gl.constexpr = False,
+                           EARLY: gl.constexpr = False):
     """``out[pid_k, 0, n] = sum over columns pid_k * K_SPLIT .. of W[n] . x_hat`` for one token; a program has
     ``RPT * 32 / (4 GROUPS) * num_warps`` rows and walks ``GROUPS`` groups of eight blocks per step (``K_SPLIT`` a
     multiple of ``256 GROUPS``). ``xq [K / 4]`` int32 words, ``xd [K / 32]`` float32; ``w`` and ``row_bytes``
-    16-byte aligned. ``PDL``: ``triton_pdl``; nothing loads before the wait."""
+    16-byte aligned. ``PDL``: ``triton_pdl``. ``EARLY`` (the default, module docstring): the first group's weights
+    are loaded before the wait (as the Q4_K kernel's first step), each next group's after the group before it is
+    summed; else nothing loads before the wait."""
     UPR: gl.constexpr = 4 * GROUPS
     ROWS: gl.constexpr = RPT * (32 // UPR) * num_warps
     layout: gl.constexpr = gemv_layout(UPR, RPT, 4, num_warps)  # [rows, pieces, 4 words]
@@ -85,15 +114,19 @@ def gluon_gemv_q4_0_kernel(xq_ptr, xd_ptr, w_ptr, out_ptr, N, K_SPLIT, row_bytes
     x_blocks = 8 * (u // 4) + 2 * (u % 4)                                                  # [UPR]
     group0 = gl.program_id(1) * (K_SPLIT // 256)
     acc = gl.zeros([ROWS, UPR], gl.float32, lay2)
-    wait_for_previous(PDL, GLUON_GEMV_EARLY_LAUNCH)
-    for step in range(0, K_SPLIT // (256 * GROUPS)):
-        group = group0 + step * GROUPS
-        vec = (rows + GROUP_BYTES * group + piece).to(gl.pointer_type(gl.uint32))[:, :, None] + word
-        v0, v1, v2 = gl.load(vec), gl.load(vec + 4), gl.load(vec + 8)
-        first, second = window(v0, v1, t), window(v1, v2, t)          # words t..t+3, t+4..t+7
-        last = window(v2, v2, t)                                      # word t+8 first
-        x = xq_ptr + 64 * group + x_words
-        xd_a, xd_b = _floats(xd_ptr + 8 * group + x_blocks)
-        acc += _block(funnel(first, second, 2), lane_word(first, word, 0), gl.load(x), gl.load(x + 4), xd_a)
-        acc += _block(funnel(second, last, 4), lane_word(second, word, 0) >> 16, gl.load(x + 8), gl.load(x + 12), xd_b)
+    if EARLY:
+        vectors = _group_words(rows, group0, piece, word)
+        wait_for_previous(PDL, GLUON_GEMV_EARLY_LAUNCH)
+        for step in range(1, K_SPLIT // (256 * GROUPS)):
+            group = group0 + (step - 1) * GROUPS
+            acc += _group_sum(vectors, t, word, xq_ptr + 64 * group + x_words, xd_ptr + 8 * group + x_blocks)
+            vectors = _group_words(rows, group + GROUPS, piece, word)
+        group = group0 + (K_SPLIT // (256 * GROUPS) - 1) * GROUPS
+        acc += _group_sum(vectors, t, word, xq_ptr + 64 * group + x_words, xd_ptr + 8 * group + x_blocks)
+    else:
+        wait_for_previous(PDL, GLUON_GEMV_EARLY_LAUNCH)
+        for step in range(0, K_SPLIT // (256 * GROUPS)):
+            group = group0 + step * GROUPS
+            acc += _group_sum(_group_words(rows, group, piece, word), t, word, xq_ptr + 64 * group + x_words,
+                              xd_ptr + 8 * group + x_blocks)
     store_rows(out_ptr, acc, offs_n, N)
