@@ -92,7 +92,7 @@ def _group_sum(vectors, t, word, x, xd):
 @gluon.jit
 def gluon_gemv_q4_0_kernel(xq_ptr, xd_ptr, w_ptr, out_ptr, N, K_SPLIT, row_bytes, GROUPS: gl.constexpr,
                            RPT: gl.constexpr, num_warps: gl.constexpr, PDL: gl.constexpr = False,
-                           EARLY: gl.constexpr = False):
+                           EARLY: gl.constexpr = True):
     """``out[pid_k, 0, n] = sum over columns pid_k * K_SPLIT .. of W[n] . x_hat`` for one token; a program has
     ``RPT * 32 / (4 GROUPS) * num_warps`` rows and walks ``GROUPS`` groups of eight blocks per step (``K_SPLIT`` a
     multiple of ``256 GROUPS``). ``xq [K / 4]`` int32 words, ``xd [K / 32]`` float32; ``w`` and ``row_bytes``
