@@ -27,28 +27,59 @@ def _packed(name: str, rows: int, cols: int) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("name, rows, cols, launch", [
-    ("Q4_K", 28672, 4096, (8, 4, 1, 0, 0)), ("Q4_K", 16384, 2048, (8, 4, 1, 0, 0)),
-    ("Q4_K", 4096, 4096, (8, 2, 1, 0, 0)), ("Q4_K", 2048, 2048, (8, 4, 4, 1, 0)), ("Q4_K", 2560, 2048, (8, 4, 4, 1, 0)),
-    ("Q4_K", 256, 2048, (8, 2, 1, 0, 0)),
+    ("Q4_K", 28672, 4096, (8, 4, 1, 0, 0)), ("Q4_K", 16384, 2048, (8, 2, 4, 1, 0)),
+    ("Q4_K", 32000, 2048, (8, 2, 4, 1, 0)),
+    ("Q4_K", 4096, 4096, (8, 2, 1, 0, 0)), ("Q4_K", 2048, 2048, (8, 4, 1, 0, 0)), ("Q4_K", 2560, 2048, (8, 4, 1, 0, 0)),
+    ("Q4_K", 2048, 1536, (8, 4, 4, 1, 0)), ("Q4_K", 256, 2048, (8, 2, 1, 0, 0)),
     ("Q4_K", 4096, 14336, (8, 4, 4, 1, 0)), ("Q4_K", 2048, 8192, None),
     ("Q6_K", 4096, 14336, (1, 1, 1, 7, 0)), ("Q6_K", 128256, 4096, (1, 1, 1, 7, 255)),
-    ("Q6_K", 14336, 4096, (1, 1, 1, 7, 0)),
-    ("Q6_K", 32000, 2048, (1, 1, 1, 7, 64)), ("Q6_K", 8192, 6144, (1, 1, 1, 7, 0)), ("Q6_K", 4096, 4096, None),
+    ("Q6_K", 14336, 4096, (1, 1, 1, 7, 0)), ("Q6_K", 16384, 2048, (1, 2, 1, 7, 255)),
+    ("Q6_K", 32000, 2048, (1, 1, 1, 7, 255)), ("Q6_K", 8192, 6144, (1, 1, 1, 7, 0)), ("Q6_K", 4096, 4096, None),
     ("Q6_K", 1024, 4096, None),
     ("Q6_K", 151936, 1536, None), ("Q6_K", 1536, 8960, None),
     ("Q4_0", 4096, 4096, (8, 2, 4, 0, 0)), ("Q4_0", 16384, 2048, (8, 2, 4, 0, 0)),
-    ("Q4_0", 4096, 14336, (8, 1, 1, 0, 0)), ("Q4_0", 2048, 8192, (8, 1, 1, 0, 0)), ("Q4_0", 4096, 6144, None),
+    ("Q4_0", 2048, 2048, (8, 4, 4, 0, 0)),
+    ("Q4_0", 3072, 2048, (8, 4, 4, 0, 0)), ("Q4_0", 256, 2048, (8, 2, 4, 0, 0)),
+    ("Q4_0", 4096, 14336, (8, 1, 1, 0, 0)), ("Q4_0", 2048, 8192, (8, 2, 1, 2, 0)), ("Q4_0", 4096, 6144, None),
     ("Q4_0", 4096, 2080, None),
     ("Q8_0", 4096, 4096, None), ("Q5_K", 4096, 4096, (8, 2, 4, 0, 0)),
-    ("Q5_K", 4096, 14336, (8, 2, 4, 0, 0)), ("Q5_K", 2048, 8192, (8, 2, 4, 0, 0))])
+    ("Q5_K", 4096, 14336, (8, 2, 4, 0, 0)), ("Q5_K", 2048, 8192, (8, 2, 4, 2, 0))])
 def test_launch_by_type_and_shape(monkeypatch, name, rows, cols, launch):
-    """Q4_K, Q5_K, Q6_K and Q4_0 at the shapes the H100 sweeps measured them faster (``GEMV_RULES``); Q6_K only of
+    """Q4_K, Q5_K, Q6_K and Q4_0 at the shapes the sweeps measured them faster (``GEMV_RULES``); Q6_K only of
     16-byte-aligned rows (2,048-column multiples), Q4_0 and Q5_K of whole super-blocks / groups of eight blocks
     (256-column multiples)."""
     monkeypatch.delenv("TOOLKIT_GGUF_GLUON_GEMV", raising=False)
     monkeypatch.delenv("TOOLKIT_GGUF_GLUON_GEMV_LAUNCH", raising=False)
     monkeypatch.setattr(gluon_gemv_ops, "_runs_on", lambda device, kernels=None: True)
     assert gluon_gemv_ops.gemv_launch(name, _packed(name, rows, cols), cols) == launch
+
+
+@pytest.mark.parametrize("name, rows, cols, h100, h200", [
+    ("Q4_0", 2048, 2048, (8, 4, 4, 0, 0), (8, 4, 4, 0, 0)), ("Q4_0", 32000, 2048, (8, 2, 4, 0, 0), (8, 4, 4, 0, 0)),
+    ("Q4_0", 16384, 2048, (8, 2, 4, 0, 0), (8, 4, 4, 0, 0)), ("Q4_0", 4096, 14336, (8, 1, 1, 0, 0), (8, 2, 4, 2, 0)),
+    ("Q4_0", 2048, 8192, (8, 2, 1, 2, 0), (8, 2, 1, 2, 0)), ("Q4_0", 14336, 4096, (8, 2, 4, 0, 0), (8, 2, 4, 0, 0)),
+    ("Q4_0", 256, 2048, (8, 2, 4, 0, 0), (8, 2, 4, 0, 0)),
+    ("Q4_K", 32000, 2048, (8, 2, 4, 1, 0), (8, 2, 4, 1, 0)), ("Q4_K", 4096, 14336, (8, 4, 4, 1, 0), (8, 4, 4, 1, 0)),
+    ("Q5_K", 32000, 2048, (8, 2, 4, 0, 0), (8, 4, 1, 0, 0)), ("Q5_K", 14336, 4096, (8, 2, 4, 0, 0), (8, 4, 1, 0, 0)),
+    ("Q5_K", 4096, 14336, (8, 2, 4, 0, 0), (8, 2, 4, 0, 0)), ("Q5_K", 2048, 8192, (8, 2, 4, 2, 0), (8, 2, 4, 2, 0)),
+    ("Q5_K", 1024, 4096, (8, 2, 4, 0, 0), (8, 2, 4, 0, 0)),
+    ("Q6_K", 32000, 2048, (1, 1, 1, 7, 255), (1, 1, 1, 7, 255)),
+    ("Q6_K", 4096, 14336, (1, 1, 1, 7, 0), (1, 1, 1, 7, 0))])
+def test_h200_launches_where_its_sweep_measured_them(monkeypatch, name, rows, cols, h100, h200):
+    """On an H200 the shapes ``DEVICE_GEMV_RULES`` bounds take its launches, the others ``GEMV_RULES``'; on an H100,
+    or with ``TOOLKIT_GGUF_GLUON_DEVICE_RULES=0``, every shape takes ``GEMV_RULES``'."""
+    monkeypatch.delenv("TOOLKIT_GGUF_GLUON_GEMV", raising=False)
+    monkeypatch.delenv("TOOLKIT_GGUF_GLUON_GEMV_LAUNCH", raising=False)
+    monkeypatch.delenv("TOOLKIT_GGUF_GLUON_DEVICE_RULES", raising=False)
+    monkeypatch.setattr(gluon_gemv_ops, "_runs_on", lambda device, kernels=None: True)
+    data = _packed(name, rows, cols)
+    monkeypatch.setattr(gluon_gemv_ops, "_device_name", lambda device: "NVIDIA H200")
+    assert gluon_gemv_ops.gemv_launch(name, data, cols) == h200
+    monkeypatch.setenv("TOOLKIT_GGUF_GLUON_DEVICE_RULES", "0")
+    assert gluon_gemv_ops.gemv_launch(name, data, cols) == h100
+    monkeypatch.delenv("TOOLKIT_GGUF_GLUON_DEVICE_RULES")
+    monkeypatch.setattr(gluon_gemv_ops, "_device_name", lambda device: "NVIDIA H100 80GB HBM3")
+    assert gluon_gemv_ops.gemv_launch(name, data, cols) == h100
 
 
 def test_not_taken_off_the_gpu_turned_off_or_unaligned(monkeypatch):
@@ -294,9 +325,9 @@ def test_within_activation_rounding_of_gguf_py():
     """Q4_K (``_check_against_gguf_py``): rows off the program size, K split and not, 1-8 super-blocks per step, 1-4
     rows per thread, 1 and 4 warps; the dispatch sends one-token Q4_K calls to it."""
     _check_against_gguf_py("Q4_K", slice(0, 4), 0.02,
-                           ((37, 1024), (130, 2048), (1000, 4096), (8200, 4096), (64, 14336)),
+                           ((37, 1024), (130, 2048), (1000, 4096), (8200, 4096), (64, 14336), (8200, 2048)),
                            ((4, 1, 1, 0), (2, 1, 1, 1), (1, 1, 1, 2), (4, 2, 4, 0), (2, 2, 1, 4), (8, 2, 1, 0),
-                            (4, 4, 1, 2), (8, 4, 1, 0)), seed=7)
+                            (4, 4, 1, 2), (8, 4, 1, 0), (8, 4, 2, 1), (8, 2, 4, 1)), seed=7)
 
 
 @pytest.mark.gpu
@@ -308,7 +339,8 @@ def test_q6k_within_activation_rounding_of_gguf_py():
     8,192 rows and more here."""
     _check_against_gguf_py("Q6_K", slice(208, 210), 0.002, ((37, 2048), (130, 4096), (1000, 14336), (8200, 4096)),
                            ((1, 1, 1, 0), (1, 2, 1, 1), (2, 2, 1, 0), (1, 2, 4, 0), (1, 1, 1, 7), (2, 1, 4, 2),
-                            (1, 1, 1, 7, gluon_gemv_ops.Q6K_REGISTERS), (1, 1, 1, 7, 255)),
+                            (1, 1, 1, 7, gluon_gemv_ops.Q6K_REGISTERS), (1, 1, 1, 7, 255),
+                            (1, 2, 1, 7, 255)),
                            seed=11, taken=lambda rows: rows >= 8192)
 
 
@@ -320,9 +352,9 @@ def test_q4_0_within_activation_rounding_of_gguf_py(monkeypatch, early):
     not, a row of one group; the dispatch sends one-token Q4_0 calls of the shapes ``GEMV_RULES`` names to it."""
     monkeypatch.setenv("TOOLKIT_GGUF_GLUON_EARLY", early)   # the first weights before the PDL wait (default), and not
     _check_against_gguf_py("Q4_0", slice(0, 2), 0.02,
-                           ((37, 256), (130, 2048), (1000, 4096), (8200, 2048), (64, 14336)),
+                           ((37, 256), (130, 2048), (1000, 4096), (8200, 2048), (64, 14336), (2048, 8192)),
                            ((8, 1, 1, 0), (8, 2, 1, 1), (4, 4, 1, 0), (2, 1, 4, 2), (8, 4, 1, 0), (1, 2, 1, 0),
-                            (1, 1, 1, 7)), seed=13)
+                            (1, 1, 1, 7), (8, 4, 4, 0), (8, 2, 4, 2), (8, 2, 1, 2)), seed=13)
 
 
 @pytest.mark.gpu
@@ -333,4 +365,4 @@ def test_q5k_within_activation_rounding_of_gguf_py():
     _check_against_gguf_py("Q5_K", slice(0, 4), 0.02,
                            ((37, 1024), (130, 2048), (1000, 4096), (8200, 4096), (64, 14336)),
                            ((4, 1, 1, 0), (2, 1, 1, 1), (1, 1, 1, 2), (4, 2, 4, 0), (8, 2, 1, 0), (4, 4, 1, 2),
-                            (8, 4, 1, 0)), seed=17)
+                            (8, 4, 1, 0), (8, 2, 4, 2)), seed=17)

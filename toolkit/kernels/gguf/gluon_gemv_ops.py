@@ -85,16 +85,59 @@ Q6K_REGISTERS = 64   # the Q6_K register cap of 2,048-column weights (below)
 # 14336x4096 12.3 / 10.8, 16384x2048 8.3 / 7.3, 4096x14336 13.8 / 13.2; 1.5B Q4_0 batch-1 TPOT 0.726 / 0.668 ms). The
 # same idea for Q6_K as an L2 prefetch of the first group (its loads do not fit in registers ahead of the wait) was
 # 23% slower (4096x14336 16.9 / 20.7 us) and is not kept.
+# Session 39: the launches swept again at the decode shapes, on an H100 and an H200 (``.dev/s39/sweep.py``: the GEMV
+# alone with its partial sums handed on, x's blocks made once, CUDA graphs over weight copies beyond L2, three rounds
+# in turns, 11-19 launches per type and shape; device copy 3,017 and 4,221 GB/s). Taken into these rules where both
+# GPUs had the launch ahead; us, H100 then H200, the slowest of three rounds at the launch / the fastest at the rule
+# before:
+# - Q4_0 of at most 2,048 columns from 2,048 rows (under 8,192), four rows per thread and four warps: 2048x2048
+#   1.85 / 1.98, 1.69 / 1.83 (16384x2048 and 32000x2048 kept two rows: 9.44 / 9.24 on the H100); of 8,192 columns
+#   two rows per thread, one warp, K cut in two: 2048x8192 5.38 / 5.85, 4.72 / 5.18 (4096x14336 lost: 15.9 / 14.9 on
+#   the H100);
+# - Q4_K of 2,048 columns from 8,192 rows, two rows per thread, four warps, K not split: 16384x2048 9.02 / 9.49,
+#   7.93 / 8.26, 32000x2048 15.18 / 15.43, 12.75 / 12.98; from 2,048 rows four rows, one warp: 2048x2048 1.97 / 2.05,
+#   1.73 / 1.83 (the rule before, four warps and K not split, came from session 24's sweep);
+# - Q5_K of 8,192 columns with K cut in two: 2048x8192 5.55 / 6.62, 4.85 / 5.78 (4096x14336 even or behind: 17.0 /
+#   17.0, 13.6 / 12.9);
+# - Q6_K of 2,048 columns with the 255-register ceiling instead of the 64 cap: from 24,576 rows (heads) one row per
+#   thread, 32000x2048 23.41 / 25.11, 19.49 / 20.55; from 8,192 rows two rows, 16384x2048 14.24 / 15.10, 11.83 /
+#   12.93. The cap's one-wave grid (above) no longer pays since the scales come from windows (session 36), which
+#   the cap would spill; ``Q6K_REGISTERS`` stays for launches given by hand.
+# Shapes where only the H200 had a launch ahead are in ``DEVICE_GEMV_RULES`` below. No engine A/B of these rules: the
+# session's device time ran out (docs/benchmarks.md, session 39).
 # ``TOOLKIT_GGUF_GLUON_GEMV=0`` keeps the Triton GEMV, ``=Q4_K`` (type names, comma-separated) keeps it for the other
 # types; ``TOOLKIT_GGUF_GLUON_GEMV_LAUNCH=step,rows per thread,warps,split[,registers]`` (split 0: the rule's;
 # registers 0 or left out: no cap) sets the launch (benchmarks).
 GEMV_RULES = {
-    "Q4_K": ((8, 4, 1, 0, 0, 16384, 0, 4096), (8, 4, 4, 1, 0, 2048, 0, 2048), (8, 2, 1, 0, 0, 0, 0, 4096),
-             (8, 4, 4, 1, 0, 4096, 8192, 1 << 40)),
-    "Q5_K": ((8, 2, 4, 0, 0, 0, 0, 1 << 40),),
-    "Q6_K": ((1, 1, 1, 7, 0, 4096, 8192, 1 << 40), (1, 1, 1, 7, Q6K_REGISTERS, 8192, 2048, 2048),
-             (1, 1, 1, 7, 255, 65536, 4096, 1 << 40), (1, 1, 1, 7, 0, 8192, 4096, 1 << 40)),
-    "Q4_0": ((8, 2, 4, 0, 0, 0, 0, 4096), (8, 1, 1, 0, 0, 0, 8192, 1 << 40)),
+    "Q4_K": ((8, 2, 4, 1, 0, 8192, 2048, 2048), (8, 4, 1, 0, 0, 2048, 2048, 2048), (8, 4, 1, 0, 0, 16384, 0, 4096),
+             (8, 4, 4, 1, 0, 2048, 0, 2048), (8, 2, 1, 0, 0, 0, 0, 4096), (8, 4, 4, 1, 0, 4096, 8192, 1 << 40)),
+    "Q5_K": ((8, 2, 4, 2, 0, 0, 8192, 8192), (8, 2, 4, 0, 0, 0, 0, 1 << 40)),
+    "Q6_K": ((1, 1, 1, 7, 0, 4096, 8192, 1 << 40), (1, 1, 1, 7, 255, 24576, 2048, 2048),
+             (1, 2, 1, 7, 255, 8192, 2048, 2048), (1, 1, 1, 7, 255, 65536, 4096, 1 << 40),
+             (1, 1, 1, 7, 0, 8192, 4096, 1 << 40)),
+    "Q4_0": ((8, 2, 4, 0, 0, 8192, 0, 2048), (8, 4, 4, 0, 0, 2048, 0, 2048), (8, 2, 1, 2, 0, 0, 8192, 8192),
+             (8, 2, 4, 0, 0, 0, 0, 4096), (8, 1, 1, 0, 0, 0, 8192, 1 << 40)),
+}
+
+# Launches one GPU model measured faster than ``GEMV_RULES``' (same format), tried before them on a GPU whose name holds
+# the key; shapes outside their bounds keep ``GEMV_RULES``. ``TOOLKIT_GGUF_GLUON_DEVICE_RULES=0`` leaves them out (read
+# at each call, for A/B runs).
+# H200, session 39's sweep (above). The H200 streams 40% faster than the H100 with the same 132 SMs, and programs of
+# more rows (more bytes in flight each) won there where the H100 kept its launch. us, H200 then H100, the slowest of
+# three rounds at the launch / the fastest at ``GEMV_RULES``' launch before session 39:
+# - Q4_0 of at most 2,048 columns from 2,048 rows, four rows per thread and four warps: 16384x2048 7.59 / 7.82 (H100
+#   9.44 / 9.24), 32000x2048 12.03 / 12.58 (15.70 / 15.57); of 12,288 columns and more two rows, four warps, K cut in
+#   two: 4096x14336 12.41 / 13.34 (15.43 / 14.92);
+# - Q5_K up to 4,096 columns from 2,048 rows, four rows per thread, one warp: 2048x2048 1.99 / 2.11 (2.26 / 2.27),
+#   16384x2048 9.50 / 9.94 (11.21 / 11.03), 32000x2048 14.21 / 16.15 (18.61 / 18.28), 14336x4096 13.75 / 14.46
+#   (17.25 / 16.90), 128256x4096 83.89 / 94.02 (4096x14336 and 2048x8192 lost: 15.8 / 12.9, 7.0 / 5.8).
+# Q4_K 4096x14336, Q6_K 4096x14336 and 14336x4096: no launch of the sweep more than 2.5% ahead on either GPU (fastest
+# rounds).
+DEVICE_GEMV_RULES = {
+    "H200": {
+        "Q4_0": ((8, 4, 4, 0, 0, 2048, 0, 2048), (8, 2, 4, 2, 0, 2048, 12288, 1 << 40)),
+        "Q5_K": ((8, 4, 1, 0, 0, 2048, 0, 4096),),
+    },
 }
 
 
@@ -102,8 +145,9 @@ def gemv_launch(name: str, data: torch.Tensor, cols: int,
                 *vectors: torch.Tensor) -> tuple[int, int, int, int, int] | None:
     """The Gluon GEMV's ``(units per step, rows per thread, warps, K split, register cap)`` for the one-token call of
     type ``name`` on ``data`` (split 0: the caller's; cap 0: none), or None (the Triton GEMV): a type and shape
-    ``GEMV_RULES`` take, rows of whole units on 16-byte boundaries and ``vectors`` (the activations' blocks: it loads
-    them 8 and 16 bytes at a time), a Gluon-capable device, not turned off."""
+    ``GEMV_RULES`` take (``DEVICE_GEMV_RULES``' first on the GPU models they name), rows of whole units on 16-byte
+    boundaries and ``vectors`` (the activations' blocks: it loads them 8 and 16 bytes at a time), a Gluon-capable
+    device, not turned off."""
     if (name not in GEMV_RULES or not _turned_on(name) or not _runs_on(data.device, _gemv_kernels)
             or any(t.data_ptr() % 16 for t in (data, *vectors)) or data.stride(0) % 16 or cols % UNIT_COLUMNS[name]):
         return None
@@ -111,8 +155,23 @@ def gemv_launch(name: str, data: torch.Tensor, cols: int,
     if forced:
         return tuple(int(v) for v in (forced.split(",") + ["0", "0"])[:5])
     rows = data.shape[0]
-    return next((tuple(launch) for *launch, min_rows, min_cols, max_cols in GEMV_RULES[name]
+    rules = _device_rules(data.device).get(name, ()) + GEMV_RULES[name]
+    return next((tuple(launch) for *launch, min_rows, min_cols, max_cols in rules
                  if rows >= min_rows and min_cols <= cols <= max_cols), None)
+
+
+def _device_rules(device: torch.device) -> dict:
+    """``DEVICE_GEMV_RULES``' launches for ``device``'s GPU model (empty where none are measured, or turned off)."""
+    if os.environ.get("TOOLKIT_GGUF_GLUON_DEVICE_RULES", "1") == "0":
+        return {}
+    name = _device_name(device)
+    return next((rules for key, rules in DEVICE_GEMV_RULES.items() if key in name), {})
+
+
+@functools.lru_cache(maxsize=None)
+def _device_name(device: torch.device) -> str:
+    """The GPU model's name (``torch.cuda.get_device_name``; "" off CUDA): one driver query per device."""
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else ""
 
 
 @functools.lru_cache(maxsize=None)
