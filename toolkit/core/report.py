@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import time
 from contextlib import contextmanager
+
 from .records import Record
 from .units import format_rate
 

@@ -23,6 +23,7 @@ Where the tensor counts versions (outside inference mode), an in-place change ma
 from __future__ import annotations
 
 import os
+
 import torch
 
 from . import runtime

@@ -21,7 +21,7 @@ from .gluon_ops import _runs_on
 # Columns one unit of ``step`` covers: a Q4_K super-block; eight Q6_K super-blocks, eight Q4_0 blocks (the kernels'
 # 16-byte-aligned groups).
 UNIT_COLUMNS = {"Q4_K": 256, "Q5_K": 256, "Q6_K": 2048, "Q4_0": 256}
-Q6K_REGISTERS = 64   # the Q6_K register cap of 2,048-column weights (below)
+Q6K_REGISTERS = 64   # the Q6_K register cap of session 35 (below); no rule takes it since session 39
 # The launch by weight shape: (units per step, rows per thread, warps, K split (0: the caller's), register cap (0:
 # none), least rows, least columns, most columns), the first that holds; other shapes keep ``triton_gemv_tokens``.
 # Q4_K, session 20's H100 sweep (``.dev``: CUDA graphs over weight copies beyond L2, activations' blocks attached as the
