@@ -1,5 +1,6 @@
 """A small emulator of the PTX instructions the kernels' inline assembly uses, written from the PTX ISA's
-definitions (``prmt.b32`` in its default and sign-replicate modes, ``lop3.b32``, shifts, logic, ``mov``): it runs
+definitions (``prmt.b32`` in its default and sign-replicate modes, ``lop3.b32``, shifts, funnel shifts, logic,
+``mov``, ``setp.ne`` and ``selp``): it runs
 an ``inline_asm_elementwise`` string on the CPU, so that tests pin a bit-level scheme where no GPU is. The
 compiled PTX itself is checked on a GPU by each kernel's GPU tests."""
 from __future__ import annotations
@@ -27,7 +28,8 @@ def _lop3(a: int, b: int, c: int, table: int) -> int:
                for j in range(32))
 
 
-OPS = {"mov.b32": lambda a: a, "shr.u32": lambda a, n: a >> n, "shr.b32": lambda a, n: a >> n,
+OPS = {"mov.b32": lambda a: a, "setp.ne.b32": lambda a, b: int(a != b), "selp.b32": lambda a, b, p: a if p else b,
+       "shf.r.clamp.b32": lambda low, high, n: ((high << 32 | low) >> min(n, 32)) & MASK, "shr.u32": lambda a, n: a >> n, "shr.b32": lambda a, n: a >> n,
        "shl.b32": lambda a, n: (a << n) & MASK, "and.b32": lambda a, b: a & b, "or.b32": lambda a, b: a | b,
        "xor.b32": lambda a, b: a ^ b, "prmt.b32": _prmt, "lop3.b32": _lop3}
 
@@ -35,7 +37,13 @@ OPS = {"mov.b32": lambda a: a, "shr.u32": lambda a, n: a >> n, "shr.b32": lambda
 def run_asm(asm: str, word: int, outputs: int = 4) -> list[int]:
     """The output registers ``$0..`` of ``asm`` for its one input register ``$<outputs> = word``; instructions
     one per line or separated by semicolons."""
-    registers = {f"${outputs}": word}
+    return run(asm, {f"${outputs}": word}, outputs)
+
+
+def run(asm: str, inputs: dict[str, int], outputs: int) -> list[int]:
+    """The output registers ``$0..$<outputs - 1>`` of ``asm`` for the input registers ``inputs`` (name -> value;
+    predicates are registers holding 0 or 1)."""
+    registers = dict(inputs)
 
     def value(operand: str) -> int:
         return int(operand, 0) if operand[0].isdigit() else registers[operand]

@@ -1,9 +1,9 @@
 """Host side of the one-token Gluon GEMV (``gluon_gemv``: Q4_K and Q5_K, ``gluon_gemv_q6k``: Q6_K,
-``gluon_gemv_q4_0``: Q4_0): which calls it takes from the Triton GEMV (``triton_gemv_tokens``, through ``dp4a_ops``)
-and its launch.
+``gluon_gemv_q4_0``: Q4_0 and, with ``gluon_gemv_q8_0``'s group, Q8_0): which calls it takes from the Triton GEMV
+(``triton_gemv_tokens``, through ``dp4a_ops``) and its launch.
 
 The kernels give each thread whole 64-column pieces (Q4_K, Q5_K: a group of one super-block; Q6_K: a piece of each of a
-group of eight; Q4_0: two blocks of a group of eight), four threads to a unit, and walk ``step`` units per loop
+group of eight; Q4_0, Q8_0: two blocks of a group of eight), four threads to a unit, and walk ``step`` units per loop
 iteration; a program holds ``rows per thread x 32 / (4 step) x warps`` rows.
 """
 from __future__ import annotations
@@ -20,7 +20,7 @@ from .gluon_ops import _runs_on
 
 # Columns one unit of ``step`` covers: a Q4_K super-block; eight Q6_K super-blocks, eight Q4_0 blocks (the kernels'
 # 16-byte-aligned groups).
-UNIT_COLUMNS = {"Q4_K": 256, "Q5_K": 256, "Q6_K": 2048, "Q4_0": 256}
+UNIT_COLUMNS = {"Q4_K": 256, "Q5_K": 256, "Q6_K": 2048, "Q4_0": 256, "Q8_0": 256}
 Q6K_REGISTERS = 64   # the Q6_K register cap of session 35 (below); no rule takes it since session 39
 # The launch by weight shape: (units per step, rows per thread, warps, K split (0: the caller's), register cap (0:
 # none), least rows, least columns, most columns), the first that holds; other shapes keep ``triton_gemv_tokens``.
@@ -105,6 +105,10 @@ Q6K_REGISTERS = 64   # the Q6_K register cap of session 35 (below); no rule take
 #   the cap would spill; ``Q6K_REGISTERS`` stays for launches given by hand.
 # Shapes where only the H200 had a launch ahead are in ``DEVICE_GEMV_RULES`` below. No engine A/B of these rules: the
 # session's device time ran out (docs/benchmarks.md, session 39).
+# Q8_0 (session 40: ``gluon_gemv_q8_0``'s group in the Q4_0 kernel) has no rule yet, so ``gemv_launch`` never takes
+# it: the kernel was built and checked without a GPU (PTX structure, ptxas without spills, its asm's word picking
+# against gguf-py's bytes in an emulator) and has not run on one, its numerics against gguf-py or its speed against
+# the Triton GEMV (61-65% of copy on an H200, 72-79% on an H100).
 # ``TOOLKIT_GGUF_GLUON_GEMV=0`` keeps the Triton GEMV, ``=Q4_K`` (type names, comma-separated) keeps it for the other
 # types; ``TOOLKIT_GGUF_GLUON_GEMV_LAUNCH=step,rows per thread,warps,split[,registers]`` (split 0: the rule's;
 # registers 0 or left out: no cap) sets the launch (benchmarks).
@@ -186,7 +190,7 @@ def _gemv_kernels():
     except ImportError:
         return None
     return {"Q4_K": gluon_gemv_q4k_kernel, "Q5_K": gluon_gemv_q4k_kernel, "Q6_K": gluon_gemv_q6k_kernel,
-            "Q4_0": gluon_gemv_q4_0_kernel}
+            "Q4_0": gluon_gemv_q4_0_kernel, "Q8_0": gluon_gemv_q4_0_kernel}
 
 
 def _early_weights() -> bool:
@@ -232,7 +236,7 @@ def gluon_gemv(name: str, words: torch.Tensor, scales: torch.Tensor, sums: torch
     elif name == "Q6_K":  # under the 64-register cap the scale windows spill: such launches keep the byte loads
         kernel[grid](words, scales, data, out, rows, cols // split, data.stride(0), GROUPS=step,
                      SCALE_WINDOWS=not registers or registers > Q6K_REGISTERS, **common)
-    else:  # Q4_0
+    else:  # Q4_0, Q8_0
         kernel[grid](words, scales, data, out, rows, cols // split, data.stride(0), GROUPS=step, EARLY=_early_weights(),
-                     **common)
+                     Q8=name == "Q8_0", **common)
     return finish_splits(out, x.dtype, unreduced)

@@ -10,6 +10,9 @@ nine words from word ``t`` on (``window``: two selects per word). Block ``2t``'s
 them and its quants the next 16 bytes, 2 bytes off a word (a funnel shift); block ``2t + 1``'s scale is the high half
 of the fifth and its quants the last four words.
 
+The same walk serves Q8_0 (``Q8``): its group of eight 34-byte blocks is 17 vectors, and ``gluon_gemv_q8_0`` holds
+what differs (the five vectors a thread loads, its words picked out, the sums of signed bytes).
+
 Measured and not kept (H100): one thread per group of eight blocks (nine vectors a thread, every offset fixed in the
 code, no selects) was 1.5x slower than ``triton_gemv_tokens`` at 4096x14336 (24.5 against 16.6 us): each 16-byte
 load of the warp touched 32 lines 144 bytes apart, so L1 bounded it.
@@ -35,6 +38,7 @@ from triton.experimental.gluon import language as gl
 from ..triton_pdl import GLUON_GEMV_EARLY_LAUNCH
 from .gluon_gemv import _floats, dp4a_sum, gemv_layout, lane_word, program_rows, store_rows
 from .gluon_gemv_q6k import funnel
+from .gluon_gemv_q8_0 import GROUP_BYTES as Q8_GROUP_BYTES, q8_group_sum, q8_group_words
 from .gluon_pipeline import wait_for_previous
 from .triton_words import half_bits
 
@@ -90,24 +94,44 @@ def _group_sum(vectors, t, word, x, xd):
 
 
 @gluon.jit
+def _words(rows, group, piece, word, Q8: gl.constexpr):
+    """A group's weight vectors for the thread (``_group_words``, or with ``Q8`` ``q8_group_words``)."""
+    if Q8:
+        return q8_group_words(rows, group, piece, word)
+    else:
+        return _group_words(rows, group, piece, word)
+
+
+@gluon.jit
+def _sum(vectors, t, word, x, xd, Q8: gl.constexpr):
+    """The thread's sums of a group (``_group_sum``, or with ``Q8`` ``q8_group_sum``)."""
+    if Q8:
+        return q8_group_sum(vectors, t, word, x, xd)
+    else:
+        return _group_sum(vectors, t, word, x, xd)
+
+
+@gluon.jit
 def gluon_gemv_q4_0_kernel(xq_ptr, xd_ptr, w_ptr, out_ptr, N, K_SPLIT, row_bytes, GROUPS: gl.constexpr,
                            RPT: gl.constexpr, num_warps: gl.constexpr, PDL: gl.constexpr = False,
-                           EARLY: gl.constexpr = True):
+                           EARLY: gl.constexpr = True, Q8: gl.constexpr = False):
     """``out[pid_k, 0, n] = sum over columns pid_k * K_SPLIT .. of W[n] . x_hat`` for one token; a program has
     ``RPT * 32 / (4 GROUPS) * num_warps`` rows and walks ``GROUPS`` groups of eight blocks per step (``K_SPLIT`` a
     multiple of ``256 GROUPS``). ``xq [K / 4]`` int32 words, ``xd [K / 32]`` float32; ``w`` and ``row_bytes``
     16-byte aligned. ``PDL``: ``triton_pdl``. ``EARLY`` (the default, module docstring): the first group's weights
     are loaded before the wait (as the Q4_K kernel's first step), each next group's after the group before it is
-    summed; else nothing loads before the wait."""
+    summed; else nothing loads before the wait. ``Q8``: the weight is Q8_0 (``gluon_gemv_q8_0``: the same walk over
+    groups of eight 34-byte blocks, five vectors a thread)."""
     UPR: gl.constexpr = 4 * GROUPS
     ROWS: gl.constexpr = RPT * (32 // UPR) * num_warps
+    GROUP: gl.constexpr = Q8_GROUP_BYTES if Q8 else GROUP_BYTES
     layout: gl.constexpr = gemv_layout(UPR, RPT, 4, num_warps)  # [rows, pieces, 4 words]
     lay2: gl.constexpr = gl.SliceLayout(2, layout)
     x_lay: gl.constexpr = gl.SliceLayout(0, layout)               # [UPR, 4]: the activations, no row axis
     offs_n, rows = program_rows(w_ptr, N, row_bytes, ROWS, lay2)                            # [R], [R, 1]
     u = gl.arange(0, UPR, layout=gl.SliceLayout(0, lay2))                                   # [UPR]
     word = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, layout)))[None, None, :]
-    piece = (GROUP_BYTES * (u // 4) + 32 * (u % 4))[None, :]                              # [1, UPR] bytes
+    piece = (GROUP * (u // 4) + (64 if Q8 else 32) * (u % 4))[None, :]                    # [1, UPR] bytes
     t = gl.zeros([ROWS, UPR, 4], gl.uint32, layout) + ((u % 4).to(gl.uint32))[None, :, None]
     ux = gl.arange(0, UPR, layout=gl.SliceLayout(1, x_lay))
     x_words = (64 * (ux // 4) + 16 * (ux % 4))[:, None] + gl.arange(0, 4, layout=gl.SliceLayout(0, x_lay))[None, :]
@@ -115,18 +139,18 @@ def gluon_gemv_q4_0_kernel(xq_ptr, xd_ptr, w_ptr, out_ptr, N, K_SPLIT, row_bytes
     group0 = gl.program_id(1) * (K_SPLIT // 256)
     acc = gl.zeros([ROWS, UPR], gl.float32, lay2)
     if EARLY:
-        vectors = _group_words(rows, group0, piece, word)
+        vectors = _words(rows, group0, piece, word, Q8)
         wait_for_previous(PDL, GLUON_GEMV_EARLY_LAUNCH)
         for step in range(1, K_SPLIT // (256 * GROUPS)):
             group = group0 + (step - 1) * GROUPS
-            acc += _group_sum(vectors, t, word, xq_ptr + 64 * group + x_words, xd_ptr + 8 * group + x_blocks)
-            vectors = _group_words(rows, group + GROUPS, piece, word)
+            acc += _sum(vectors, t, word, xq_ptr + 64 * group + x_words, xd_ptr + 8 * group + x_blocks, Q8)
+            vectors = _words(rows, group + GROUPS, piece, word, Q8)
         group = group0 + (K_SPLIT // (256 * GROUPS) - 1) * GROUPS
-        acc += _group_sum(vectors, t, word, xq_ptr + 64 * group + x_words, xd_ptr + 8 * group + x_blocks)
+        acc += _sum(vectors, t, word, xq_ptr + 64 * group + x_words, xd_ptr + 8 * group + x_blocks, Q8)
     else:
         wait_for_previous(PDL, GLUON_GEMV_EARLY_LAUNCH)
         for step in range(0, K_SPLIT // (256 * GROUPS)):
             group = group0 + step * GROUPS
-            acc += _group_sum(_group_words(rows, group, piece, word), t, word, xq_ptr + 64 * group + x_words,
-                              xd_ptr + 8 * group + x_blocks)
+            acc += _sum(_words(rows, group, piece, word, Q8), t, word, xq_ptr + 64 * group + x_words,
+                        xd_ptr + 8 * group + x_blocks, Q8)
     store_rows(out_ptr, acc, offs_n, N)
