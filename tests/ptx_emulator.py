@@ -29,7 +29,8 @@ def _lop3(a: int, b: int, c: int, table: int) -> int:
 
 
 OPS = {"mov.b32": lambda a: a, "setp.ne.b32": lambda a, b: int(a != b), "selp.b32": lambda a, b, p: a if p else b,
-       "shf.r.clamp.b32": lambda low, high, n: ((high << 32 | low) >> min(n, 32)) & MASK, "shr.u32": lambda a, n: a >> n, "shr.b32": lambda a, n: a >> n,
+       "shf.r.clamp.b32": lambda low, high, n: ((high << 32 | low) >> min(n, 32)) & MASK,
+       "shr.u32": lambda a, n: a >> n, "shr.b32": lambda a, n: a >> n,
        "shl.b32": lambda a, n: (a << n) & MASK, "and.b32": lambda a, b: a & b, "or.b32": lambda a, b: a | b,
        "xor.b32": lambda a, b: a ^ b, "prmt.b32": _prmt, "lop3.b32": _lop3}
 

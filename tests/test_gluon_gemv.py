@@ -162,6 +162,28 @@ def _assert_one_header_load_per_row(loop: list[str], rpt: int, launch: str) -> N
     assert narrow == ["ld.global.b64"] * 2, (launch, narrow)
 
 
+def _assert_block_group_loads(launch: str, ptx: str, loop: list[str], rpt: int, vectors: int) -> None:
+    """What the Q4_0 kernel keeps for its groups of eight blocks (Q4_0's, and Q8_0's with ``Q8``): each row's
+    ``vectors`` 16-byte weight vectors of a thread loaded before the PDL wait for the first group and in the loop for
+    the next, the activations as four vectors for all the thread's rows, and only one narrower load (their two block
+    scales in 64 bits)."""
+    early = [line for line in _before_pdl_wait(ptx) if "ld.global" in line]
+    assert len(early) == vectors * rpt and all("ld.global.v4.b32" in line for line in early), (launch, early)
+    loaded = [line for line in loop if re.match(r"ld\.global\.v4\.b32", line)]
+    assert len(loaded) == vectors * rpt + 4, (launch, len(loaded))
+    scalar = [line.split()[0] for line in loop if line.startswith("ld.global") and ".v" not in line.split()[0]]
+    assert scalar == ["ld.global.b64"], (launch, scalar)
+
+
+def _ptxas_report(ptx: str) -> str:
+    """ptxas' ``-v`` report (registers, spills) for ``ptx``, compiled for sm_90a by Triton's own ptxas."""
+    import subprocess
+
+    from triton import knobs
+    return subprocess.run([knobs.nvidia.ptxas.path, "-arch=sm_90a", "-v", "-", "-o", "/dev/null"], input=ptx,
+                          capture_output=True, text=True, check=True).stderr
+
+
 SCRIPT = _compile_script("gluon_gemv", "gluon_gemv_q4k_kernel", "SB_STEP",
                          ((4, 1, 1), (2, 1, 1), (1, 1, 1), (4, 2, 4)), {"Q5": False})
 
@@ -239,14 +261,10 @@ def test_q6k_register_cap_holds_without_spilling():
     """The Q6_K register cap of 2,048-column weights (``gluon_gemv_ops.Q6K_REGISTERS``) lets 32 one-warp programs
     share an SM: ptxas (Triton's own, for sm_90a) must fit the kernel at the rules' launch under it with nothing
     spilled to local memory, which would trade the extra programs for memory traffic."""
-    import subprocess
-
-    from triton import knobs
     cases = compile_in_fresh_process(SCRIPT_Q6K_CAPPED)
     ptx = cases["1 1 1"]["ptx"]
     assert f".maxnreg {gluon_gemv_ops.Q6K_REGISTERS}" in ptx
-    report = subprocess.run([knobs.nvidia.ptxas.path, "-arch=sm_90a", "-v", "-", "-o", "/dev/null"], input=ptx,
-                            capture_output=True, text=True, check=True).stderr
+    report = _ptxas_report(ptx)
     registers = int(re.search(r"Used (\d+) registers", report).group(1))
     assert registers <= gluon_gemv_ops.Q6K_REGISTERS, report
     assert "0 bytes spill stores, 0 bytes spill loads" in report and "0 bytes stack frame" in report, report
@@ -264,80 +282,10 @@ def test_q4_0_compiled_for_sm90_reads_its_blocks_as_16_byte_vectors():
     activation sums; nothing in the loop crosses threads; the PDL contract, with the first group's three vectors of
     each row loaded before the wait (``EARLY``, the default: session 38, H200, 14336x4096 12.3 -> 10.8 us)."""
     for launch, ptx, rpt, loop in _compiled_loops(SCRIPT_Q4_0, 3):
-        early = [line for line in _before_pdl_wait(ptx) if "ld.global" in line]
-        assert len(early) == 3 * rpt and all("ld.global.v4.b32" in line for line in early), (launch, early)
-        vectors = [line for line in loop if re.match(r"ld\.global\.v4\.b32", line)]
-        assert len(vectors) == 3 * rpt + 4, (launch, len(vectors))
-        scalar = [line.split()[0] for line in loop if line.startswith("ld.global") and ".v" not in line.split()[0]]
-        assert scalar == ["ld.global.b64"], (launch, scalar)
+        _assert_block_group_loads(launch, ptx, loop, rpt, 3)
         assert sum(line.count("selp.b32") for line in loop) == 30 * rpt, launch
         assert sum(line.count("shf.r.clamp.b32") for line in loop) == 4 * rpt, launch
         assert sum(line.startswith("dp4a.s32.s32") for line in loop) == 16 * (rpt + 1), launch
-
-
-SCRIPT_Q8_0 = _compile_script("gluon_gemv_q4_0", "gluon_gemv_q4_0_kernel", "GROUPS", ((8, 1, 1), (8, 2, 1), (4, 4, 4)),
-                              {"Q8": True})
-
-
-@pytest.mark.slow
-@pytest.mark.skipif(not HAS_GLUON, reason="Triton with Gluon is not installed")
-def test_q8_0_compiled_for_sm90_reads_its_blocks_as_16_byte_vectors():
-    """The Q8_0 group (``gluon_gemv_q8_0``) in the code ptxas receives: per step a thread loads its two blocks of each
-    of its rows (68 bytes, 4-byte aligned) as five 16-byte vectors and nothing narrower, picks its 17 words out with 36
-    selects per row, takes the first block's quant words out with eight funnel shifts and both scales with one byte
-    permute; the activations (four vectors, two scales in one 64-bit load) once for all its rows; 16 dp4a per row and
-    no activation sums (signed quants); nothing in the loop crosses threads; the PDL contract, with the first group's
-    five vectors of each row loaded before the wait (``EARLY``); no spills at the launches compiled."""
-    import subprocess
-
-    from triton import knobs
-    for launch, ptx, rpt, loop in _compiled_loops(SCRIPT_Q8_0, 3):
-        early = [line for line in _before_pdl_wait(ptx) if "ld.global" in line]
-        assert len(early) == 5 * rpt and all("ld.global.v4.b32" in line for line in early), (launch, early)
-        vectors = [line for line in loop if re.match(r"ld\.global\.v4\.b32", line)]
-        assert len(vectors) == 5 * rpt + 4, (launch, len(vectors))
-        scalar = [line.split()[0] for line in loop if line.startswith("ld.global") and ".v" not in line.split()[0]]
-        assert scalar == ["ld.global.b64"], (launch, scalar)
-        assert sum(line.count("selp.b32") for line in loop) == 36 * rpt, launch
-        assert sum(line.count("shf.r.clamp.b32") for line in loop) == 8 * rpt, launch
-        assert sum("prmt.b32" in line and "0x7610" in line for line in loop) == rpt, launch
-        assert sum(line.startswith("dp4a.s32.s32") for line in loop) == 16 * rpt, launch
-        report = subprocess.run([knobs.nvidia.ptxas.path, "-arch=sm_90a", "-v", "-", "-o", "/dev/null"], input=ptx,
-                                capture_output=True, text=True, check=True).stderr
-        assert "0 bytes spill stores, 0 bytes spill loads" in report, (launch, report)
-
-
-@pytest.mark.skipif(not HAS_GLUON, reason="Triton with Gluon is not installed")
-def test_q8_0_window_ptx_picks_each_threads_blocks_out_of_gguf_py_bytes():
-    """``gluon_gemv_q8_0``'s asm, run by a PTX emulator (``ptx_emulator``) on the bytes of eight Q8_0 blocks that
-    gguf-py quantized: for each thread t of a group, its five vectors from byte 64t in, block 2t's 32 quants as eight
-    words, block 2t+1's as eight more and both fp16 scales out, exactly as gguf-py laid them down (the asm's word
-    picking, checked where no GPU runs it; the numerics on a GPU: ``test_q8_0_within_activation_rounding_of_gguf_py``).
-    Q4_0's window asm (``gluon_gemv_q4_0.WINDOW_PTX``, measured right on GPUs since session 23) is run by the same
-    emulator first, as a check of the emulator."""
-    from gguf.quants import quantize
-    from ptx_emulator import run
-    from toolkit.kernels.gguf.gluon_gemv_q4_0 import WINDOW_PTX
-    from toolkit.kernels.gguf.gluon_gemv_q8_0 import Q8_WINDOW_PTX
-
-    rng = np.random.default_rng(23)
-    group = quantize(rng.standard_normal((1, 256)).astype(np.float32), GGMLQuantizationType.Q8_0).reshape(-1)
-    assert group.size == 272
-    words = [int(w) for w in np.frombuffer(group.tobytes(), dtype="<u4")]
-    blocks = group.reshape(8, 34)
-
-    def registers(first: int, values: list[int]) -> dict[str, int]:
-        return {f"${first + i}": v for i, v in enumerate(values)}
-
-    for t in range(4):
-        q4 = run(WINDOW_PTX.value, registers(4, words[0:8] + [t] * 4), 4)
-        assert q4 == words[t:t + 4], t
-        out = run(Q8_WINDOW_PTX.value, registers(20, words[16 * t:16 * t + 20] + [t] * 4), 20)
-        got = np.array(out[:16], dtype="<u4").view(np.uint8)
-        assert np.array_equal(got[:32], blocks[2 * t, 2:]), t
-        assert np.array_equal(got[32:], blocks[2 * t + 1, 2:]), t
-        scales = np.array(out[16:17], dtype="<u4").view(np.uint8)
-        assert np.array_equal(scales[:2], blocks[2 * t, :2]) and np.array_equal(scales[2:], blocks[2 * t + 1, :2]), t
 
 
 def _h100() -> bool:
@@ -421,20 +369,6 @@ def test_q4_0_within_activation_rounding_of_gguf_py(monkeypatch, early):
                            ((37, 256), (130, 2048), (1000, 4096), (8200, 2048), (64, 14336), (2048, 8192)),
                            ((8, 1, 1, 0), (8, 2, 1, 1), (4, 4, 1, 0), (2, 1, 4, 2), (8, 4, 1, 0), (1, 2, 1, 0),
                             (1, 1, 1, 7), (8, 4, 4, 0), (8, 2, 4, 2), (8, 2, 1, 2)), seed=13)
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not _h100(), reason="needs an H100/H200 (sm_90) and Triton with Gluon")
-@pytest.mark.parametrize("early", ["1", "0"])
-def test_q8_0_within_activation_rounding_of_gguf_py(monkeypatch, early):
-    """Q8_0 (the Q4_0 kernel with ``gluon_gemv_q8_0``'s group) as Q4_0: rows off the program size, 1-8 groups per
-    step, 1-4 rows per thread, 1 and 4 warps, K split and not, a row of one group, the first weights before the PDL
-    wait and not; the dispatch sends one-token Q8_0 calls of the shapes ``GEMV_RULES`` names to it."""
-    monkeypatch.setenv("TOOLKIT_GGUF_GLUON_EARLY", early)
-    _check_against_gguf_py("Q8_0", slice(0, 2), 0.002,
-                           ((37, 256), (130, 2048), (1000, 4096), (8200, 2048), (64, 14336), (2048, 8192)),
-                           ((8, 1, 1, 0), (8, 2, 1, 1), (4, 4, 1, 0), (2, 1, 4, 2), (8, 4, 1, 0), (1, 2, 1, 0),
-                            (1, 1, 1, 7), (8, 4, 4, 0), (8, 2, 4, 2), (8, 2, 1, 2)), seed=19)
 
 
 @pytest.mark.gpu
