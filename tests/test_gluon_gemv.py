@@ -98,6 +98,22 @@ def test_not_taken_off_the_gpu_turned_off_or_unaligned(monkeypatch):
     assert gluon_gemv_ops.gemv_launch("Q4_K", data, 4096, scales) is None
 
 
+def test_forced_launch_reaches_every_type_with_a_kernel(monkeypatch):
+    """``TOOLKIT_GGUF_GLUON_GEMV_LAUNCH`` (benchmarks) sets the launch of any shape, also of Q8_0, which has no rule yet,
+    and still only for types with a Gluon kernel, rows of whole units and a run that has not turned the GEMV off."""
+    monkeypatch.delenv("TOOLKIT_GGUF_GLUON_GEMV", raising=False)
+    monkeypatch.setattr(gluon_gemv_ops, "_runs_on", lambda device, kernels=None: True)
+    monkeypatch.delenv("TOOLKIT_GGUF_GLUON_GEMV_LAUNCH", raising=False)
+    assert gluon_gemv_ops.gemv_launch("Q8_0", _packed("Q8_0", 4096, 4096), 4096) is None
+    monkeypatch.setenv("TOOLKIT_GGUF_GLUON_GEMV_LAUNCH", "8,2,1,2")
+    assert gluon_gemv_ops.gemv_launch("Q8_0", _packed("Q8_0", 4096, 4096), 4096) == (8, 2, 1, 2, 0)
+    assert gluon_gemv_ops.gemv_launch("Q4_K", _packed("Q4_K", 2048, 8192), 8192) == (8, 2, 1, 2, 0)
+    assert gluon_gemv_ops.gemv_launch("Q8_0", _packed("Q8_0", 64, 2080), 2080) is None      # not whole groups
+    assert gluon_gemv_ops.gemv_launch("Q5_0", _packed("Q5_0", 64, 4096), 4096) is None      # no Gluon kernel
+    monkeypatch.setenv("TOOLKIT_GGUF_GLUON_GEMV", "0")
+    assert gluon_gemv_ops.gemv_launch("Q8_0", _packed("Q8_0", 4096, 4096), 4096) is None
+
+
 def _compile_script(module: str, kernel: str, step: str, launches: tuple, extra: dict | None = None,
                     options: dict | None = None) -> str:
     """A script compiling ``module.kernel`` for sm_90 at each ``(step, rows per thread, warps)`` of ``launches``

@@ -111,7 +111,7 @@ Q6K_REGISTERS = 64   # the Q6_K register cap of session 35 (below); no rule take
 # the Triton GEMV (61-65% of copy on an H200, 72-79% on an H100).
 # ``TOOLKIT_GGUF_GLUON_GEMV=0`` keeps the Triton GEMV, ``=Q4_K`` (type names, comma-separated) keeps it for the other
 # types; ``TOOLKIT_GGUF_GLUON_GEMV_LAUNCH=step,rows per thread,warps,split[,registers]`` (split 0: the rule's;
-# registers 0 or left out: no cap) sets the launch (benchmarks).
+# registers 0 or left out: no cap) sets the launch of every shape, also of a type with no rule yet (benchmarks).
 GEMV_RULES = {
     "Q4_K": ((8, 2, 4, 1, 0, 8192, 2048, 2048), (8, 4, 1, 0, 0, 2048, 2048, 2048), (8, 4, 1, 0, 0, 16384, 0, 4096),
              (8, 4, 4, 1, 0, 2048, 0, 2048), (8, 2, 1, 0, 0, 0, 0, 4096), (8, 4, 4, 1, 0, 4096, 8192, 1 << 40)),
@@ -152,11 +152,12 @@ def gemv_launch(name: str, data: torch.Tensor, cols: int,
     ``GEMV_RULES`` take (``DEVICE_GEMV_RULES``' first on the GPU models they name), rows of whole units on 16-byte
     boundaries and ``vectors`` (the activations' blocks: it loads them 8 and 16 bytes at a time), a Gluon-capable
     device, not turned off."""
-    if (name not in GEMV_RULES or not _turned_on(name) or not _runs_on(data.device, _gemv_kernels)
-            or any(t.data_ptr() % 16 for t in (data, *vectors)) or data.stride(0) % 16 or cols % UNIT_COLUMNS[name]):
-        return None
     forced = os.environ.get("TOOLKIT_GGUF_GLUON_GEMV_LAUNCH")
-    if forced:
+    if (name not in (UNIT_COLUMNS if forced else GEMV_RULES) or not _turned_on(name)
+            or not _runs_on(data.device, _gemv_kernels) or any(t.data_ptr() % 16 for t in (data, *vectors))
+            or data.stride(0) % 16 or cols % UNIT_COLUMNS[name]):
+        return None
+    if forced:   # any type with a kernel, a rule or not (benchmarks: a type's launches timed before it has rules)
         return tuple(int(v) for v in (forced.split(",") + ["0", "0"])[:5])
     rows = data.shape[0]
     rules = _device_rules(data.device).get(name, ()) + GEMV_RULES[name]
