@@ -25,6 +25,7 @@ import os
 import subprocess
 import sys
 import tempfile
+from unittest import mock
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -82,19 +83,9 @@ def _swept_launch(ops, proposed: dict):
         rule = exact.get((name, data.shape[0], cols))
         if rule is None:
             return shipped(name, data, cols, *vectors)
-        kept, device = ops.GEMV_RULES.get(name), os.environ.get("TOOLKIT_GGUF_GLUON_DEVICE_RULES")
-        ops.GEMV_RULES[name], os.environ["TOOLKIT_GGUF_GLUON_DEVICE_RULES"] = (rule,), "0"
-        try:
+        with mock.patch.dict(ops.GEMV_RULES, {name: (rule,)}), mock.patch.object(ops, "_device_rules",
+                                                                                 lambda device: {}):
             return shipped(name, data, cols, *vectors)
-        finally:
-            if kept is None:
-                del ops.GEMV_RULES[name]
-            else:
-                ops.GEMV_RULES[name] = kept
-            if device is None:
-                del os.environ["TOOLKIT_GGUF_GLUON_DEVICE_RULES"]
-            else:
-                os.environ["TOOLKIT_GGUF_GLUON_DEVICE_RULES"] = device
     return gemv_launch
 
 

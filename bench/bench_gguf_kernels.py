@@ -88,7 +88,6 @@ def variants(name: str, rows: int, cols: int, tokens: int, sweep: bool, copies: 
 
 def _all_variants(name: str, rows: int, cols: int, tokens: int, sweep: bool, copies: int = 1) -> dict:
     from gguf import GGMLQuantizationType
-    from toolkit.kernels import int8_blocks
     from toolkit.kernels.gguf import dot16_ops, gemv_launch, gluon_ops, gluon_tokens_ops, reference, triton_ops
     qtype = int(GGMLQuantizationType[name])
     weights = []
@@ -116,9 +115,7 @@ def _all_variants(name: str, rows: int, cols: int, tokens: int, sweep: bool, cop
         # as a decode step runs it: x's int8 blocks attached by the op that wrote x (a norm, an activation), split-K
         # partial sums handed to the next op; "tokens_default" also rounds x and reduces the sums (two more launches)
         sums = name in gemv_launch.TOKENS_SUM_TYPES
-        handed = x.clone()
-        words, scales, *block_sums = triton_ops.quantize_activations(handed, sums=sums)
-        int8_blocks.attach(handed, words, scales, block_sums[0] if sums else None)
+        handed = handed_on(x, sums)
         out["tokens_handed_on"] = each(lambda data, dense: triton_ops.dp4a_tokens_matmul(handed, data, qtype, cols,
                                                                                         unreduced=True))
         for bn, bk, warps, stages, split in (TOKENS_SWEEP if sweep else []):
@@ -161,6 +158,15 @@ def _all_variants(name: str, rows: int, cols: int, tokens: int, sweep: bool, cop
         out["elementwise"] = each(lambda data, dense: triton_ops.fused_matmul(x, data, qtype, cols, config,
                                                                              words=False))
     return out
+
+
+def handed_on(x: torch.Tensor, sums: bool) -> torch.Tensor:
+    """A copy of ``x`` carrying its int8 blocks (``int8_blocks.attach``), as the norm or activation that wrote it hands
+    them to the GEMV in a decode step; ``sums``: with Q4_K/Q5_K's block sums."""
+    from toolkit.kernels import int8_blocks
+    from toolkit.kernels.gguf import dp4a_ops
+    words, scales, *block_sums = dp4a_ops.quantize_activations(x, sums=sums)
+    return int8_blocks.attach(x.clone(), words, scales, block_sums[0] if sums else None)
 
 
 def copies_for(rows: int, cols: int, min_bytes: int = 256 << 20) -> int:

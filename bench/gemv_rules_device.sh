@@ -21,9 +21,9 @@ case "${1:-}" in
       ${LAUNCHES:+--launches $LAUNCHES} --json "$work/sweep.json" 2>&1 | tee "$out/sweep.log"
     cp "$work/sweep.json" "$out/" 2>/dev/null
     rm -f "$work/ab.done"
-    models=""
-    for model in ${MODELS:-1.5B:Q8_0}; do models="$models $work/m/llama-${model%%:*}-${model#*:}.gguf"; done
-    setsid nohup bash -c "python3 bench/make_gguf_models.py --out $work/m --models ${MODELS:-1.5B:Q8_0} > $work/models.log 2>&1;
+    specs=${MODELS:-1.5B:Q8_0}; models=""
+    for model in $specs; do models="$models $work/m/llama-${model%%:*}-${model#*:}.gguf"; done
+    setsid nohup bash -c "python3 bench/make_gguf_models.py --out $work/m --models $specs > $work/models.log 2>&1;
       python3 bench/ab_gemv_rules.py $models --rounds ${ROUNDS:-2} --arms ${ARMS:-shipped swept:$work/sweep.json} \
         > $work/ab.log 2>&1; touch $work/ab.done" > /dev/null 2>&1 < /dev/null &
     echo "A/B started in the background: $models" ;;

@@ -28,7 +28,8 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_gguf_kernels import copies_for, copy_bandwidth, graph_us, packed_bytes, random_packed  # noqa: E402
+from bench_gguf_kernels import (copies_for, copy_bandwidth, graph_us, handed_on, packed_bytes,  # noqa: E402
+                                random_packed)
 
 # Launches tried by default per type: the rules' launches and their neighbours (rows per thread, warps, K split).
 LAUNCHES = {
@@ -81,9 +82,9 @@ def sweep_shape(name: str, rows: int, cols: int, launches, rounds: int) -> dict:
     copies = copies_for(rows, cols)
     weights = [random_packed(name, rows, cols) for _ in range(copies)]
     x = torch.randn(1, cols, device="cuda", dtype=torch.bfloat16)
-    words, scales, *found = dp4a_ops.quantize_activations(x, sums=with_sums)
-    sums = found[0] if with_sums else None
-    handed = int8_blocks.attach(x.clone(), words, scales, sums)   # as a norm hands them to the GEMV
+    handed = handed_on(x, with_sums)
+    blocks = int8_blocks.attached(handed, with_sums)
+    words, scales, sums = blocks.words, blocks.scales, blocks.sums
     config = gemv_launch.tokens_config(name, 1, rows, cols)
     rule = gluon_gemv_ops.gemv_launch(name, weights[0], cols, words, scales, *([] if sums is None else [sums]))
     fns = {"triton": lambda: [dp4a_ops.dp4a_tokens_matmul(handed, w, qtype, cols, config, unreduced=True)

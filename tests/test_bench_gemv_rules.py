@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
+from test_gluon_gemv import _packed
 from toolkit.kernels.gguf import gluon_gemv_ops
 
 BENCH = Path(__file__).resolve().parents[1] / "bench"
@@ -29,11 +29,6 @@ def _module(name: str):
 
 sweep = _module("sweep_gluon_gemv")
 ab = _module("ab_gemv_rules")
-
-
-def _packed(name: str, rows: int, cols: int) -> torch.Tensor:
-    size, nbytes = GGML_QUANT_SIZES[GGMLQuantizationType[name]]
-    return torch.zeros(rows, cols // size * nbytes, dtype=torch.uint8)
 
 
 SWEEP = {"rows": [
@@ -83,7 +78,7 @@ def test_revision_rules_read_without_importing(tmp_path):
 
 def test_swept_arm_takes_the_proposal_at_swept_shapes_only(monkeypatch):
     """At a swept shape the proposed launch, ahead of an H200 device rule; elsewhere the shipped rules (Q8_0, with none
-    shipped: the Triton GEMV); the rules and the device switch are as before after each call; alignment still checked."""
+    shipped: the Triton GEMV); the rules and the device rules are as before after each call; alignment still checked."""
     monkeypatch.delenv("TOOLKIT_GGUF_GLUON_GEMV", raising=False)
     monkeypatch.delenv("TOOLKIT_GGUF_GLUON_GEMV_LAUNCH", raising=False)
     monkeypatch.delenv("TOOLKIT_GGUF_GLUON_DEVICE_RULES", raising=False)
@@ -102,6 +97,7 @@ def test_swept_arm_takes_the_proposal_at_swept_shapes_only(monkeypatch):
     assert launch("Q8_0", flat, 14336) is None
     assert gluon_gemv_ops.GEMV_RULES == before
     assert "TOOLKIT_GGUF_GLUON_DEVICE_RULES" not in os.environ
+    assert gluon_gemv_ops.gemv_launch("Q4_0", _packed("Q4_0", 4096, 14336), 14336) == (8, 2, 4, 2, 0)  # H200 rule back
 
 
 def test_off_arm_keeps_the_other_types_on_gluon(monkeypatch):
