@@ -148,9 +148,10 @@ def main(argv=None) -> None:
             result["rows"].append(row)
             print(describe(row, copy_gbs), flush=True)
             torch.cuda.empty_cache()
+            if args.json:  # after every shape, so a sweep cut short by its time limit still leaves what it timed
+                with open(args.json, "w") as f:
+                    json.dump(result, f, indent=1)
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=1)
         print("proposed rules:", proposed_rules(result))
 
 
