@@ -108,7 +108,7 @@ Q6K_REGISTERS = 64   # the Q6_K register cap of session 35 (below); no rule take
 # Q8_0 (session 40: ``gluon_gemv_q8_0``'s group in the Q4_0 kernel) has no rule yet, so ``gemv_launch`` never takes
 # it: the kernel was built and checked without a GPU (PTX structure, ptxas without spills, its asm's word picking
 # against gguf-py's bytes in an emulator) and has not run on one, its numerics against gguf-py or its speed against
-# the Triton GEMV (61-65% of copy on an H200, 72-79% on an H100); sessions 41-43 got no machine either.
+# the Triton GEMV (61-65% of copy on an H200, 72-79% on an H100): its Status docstring says what run is owed.
 # ``bench/sweep_gluon_gemv.py`` sweeps launches against the Triton GEMV and proposes rules, ``bench/ab_gemv_rules.py``
 # runs the engine with them.
 # ``TOOLKIT_GGUF_GLUON_GEMV=0`` keeps the Triton GEMV, ``=Q4_K`` (type names, comma-separated) keeps it for the other

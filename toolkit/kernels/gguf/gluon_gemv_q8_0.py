@@ -11,10 +11,10 @@ from word ``t`` on (``Q8_WINDOW_PTX``: two selects per word, as Q4_0's ``window`
 half of its first word and its quants the next 32 bytes, 2 bytes off a word (eight funnel shifts); block ``2t + 1``'s
 ``d`` is the high half of its ninth word and its quants its last eight words, word-aligned.
 
-Status (sessions 40-43): not dispatched (``gluon_gemv_ops.GEMV_RULES`` has no Q8_0 rule) until a GPU run has checked
-it against gguf-py (``tests/test_gluon_gemv_q8_0.py -m gpu``) and timed it against the Triton GEMV
-(``bench/sweep_gluon_gemv.py --types Q8_0``, then ``bench/ab_gemv_rules.py`` in the engine; both in one device call:
-``bench/gemv_rules_device.sh all Q8_0``); sessions 41-43's device time went to machine starts that failed.
+Status: not dispatched (``gluon_gemv_ops.GEMV_RULES`` has no Q8_0 rule) until a GPU run has checked it against
+gguf-py (``tests/test_gluon_gemv_q8_0.py -m gpu``) and timed it against the Triton GEMV (``bench/sweep_gluon_gemv.py
+--types Q8_0``, then ``bench/ab_gemv_rules.py`` in the engine; both in one device call: ``bench/gemv_rules_device.sh
+all Q8_0``). docs/benchmarks.md's session paragraphs (from session 40) say why none has run yet.
 ``TOOLKIT_GGUF_GLUON_GEMV_LAUNCH`` forces a launch on it meanwhile.
 
 Math as ``triton_gemv_tokens``' Q8_0 branch: per block ``d xd dot(q, x)`` (signed bytes by signed bytes: one dp4a a
